@@ -1,0 +1,44 @@
+# Two commands do all the set-up on a fresh machine: `make train` and `make test`.
+# Both create the virtualenv when it is missing. VENV may point outside the repo (CI does).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+DEPS := $(VENV)/.deps-installed
+CONFIG ?= configs/default.yaml
+ARGS ?=
+
+.PHONY: install train test lint format bench speedrun tensorboard clean
+
+$(PY):
+	python3 -m venv $(VENV)
+
+# Heavy dependencies: reinstalled only when pyproject.toml or constraints.txt change.
+$(DEPS): pyproject.toml constraints.txt | $(PY)
+	$(PY) -m pip install -q -c constraints.txt -e '.[dev]'
+	touch $(DEPS)
+
+# The project itself is reinstalled every time (cheap), so a venv shared between clones stays right.
+install: $(DEPS)
+	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
+
+train: install
+	$(VENV)/bin/vitmask train --config $(CONFIG) --resume auto $(ARGS)
+
+test: install
+	$(PY) -m pytest $(ARGS)
+
+lint: install
+	$(PY) -m ruff check src tests scripts
+	$(PY) -m ruff format --check src tests scripts
+
+format: install
+	$(PY) -m ruff format src tests scripts
+	$(PY) -m ruff check --fix src tests scripts
+
+bench: install
+	$(PY) scripts/benchmark.py $(ARGS)
+
+tensorboard: install
+	$(VENV)/bin/tensorboard --logdir runs
+
+clean:
+	rm -rf build dist src/*.egg-info .pytest_cache .ruff_cache

@@ -1,0 +1,3 @@
+from vitmask.cli import main
+
+main()

@@ -1,0 +1,99 @@
+"""The `vitmask` command line: parse, call the library, render results and errors.
+
+Bad input (a `UserError`, or a usage error from the parser) ends in one line on stderr and exit
+code 2. Anything else is a bug and keeps its traceback.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import typer
+
+try:  # typer < 0.20 depends on click; newer releases vendor it
+    from click.exceptions import UsageError
+except ImportError:  # pragma: no cover - depends on the installed typer
+    from typer._click.exceptions import UsageError
+
+from vitmask import runner
+from vitmask.config import dump_config
+from vitmask.errors import UserError
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Train and evaluate masked-patch vision transformers on binary images.",
+)
+
+ConfigOpt = typer.Option(None, "--config", "-c", help="YAML config file, e.g. configs/default.yaml.")
+SetOpt = typer.Option([], "--set", help="Override a config key, e.g. --set train.lr=3e-4 (repeatable; applied last).")
+DeviceOpt = typer.Option("auto", "--device", help="auto | cpu | cuda (auto picks cuda when available).")
+
+
+@app.command()
+def train(
+    config: Path = ConfigOpt,
+    overrides: list[str] = SetOpt,
+    run_dir: Path = typer.Option(None, "--run-dir", help="Where the run writes; default runs/<config name>."),
+    resume: str = typer.Option(
+        None, "--resume", help="A checkpoint to continue from, or 'auto' for the run dir's last.pt if there is one."
+    ),
+    device: str = DeviceOpt,
+) -> None:
+    """Train a model; checkpoints, config.yaml and TensorBoard events go to the run dir."""
+    run_dir, val = runner.train(config, overrides, run_dir, resume, device)
+    print(f"done: {run_dir}/last.pt  val acc {val.get('acc', float('nan')):.4f}")
+    print(f"evaluate it with: vitmask eval --checkpoint {run_dir}/last.pt --split test")
+
+
+@app.command("eval")
+def eval_(
+    checkpoint: Path = typer.Option(..., "--checkpoint", help="A .pt checkpoint written by vitmask train."),
+    split: str = typer.Option("val", "--split", help="val | test"),
+    mask_ratio: float = typer.Option(None, "--mask-ratio", help="Share of patches masked; default the config's."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the evaluation masks."),
+    as_json: bool = typer.Option(False, "--json", help="Print the numbers as one JSON object."),
+    device: str = DeviceOpt,
+) -> None:
+    """Score a checkpoint on masked patches, beside the majority-class baseline."""
+    m = runner.evaluate_checkpoint(checkpoint, split, mask_ratio, device, seed)
+    if as_json:
+        print(json.dumps(m))
+        return
+    print(f"split {m['split']}  mask ratio {m['mask_ratio']}  masked patches {m['masked_patches']:,}")
+    print(f"  loss (nats/patch)        {m['loss']:.4f}")
+    print(f"  accuracy                 {m['acc']:.4f}")
+    print(f"  accuracy, non-empty      {m['acc_nonempty']:.4f}   ({m['nonempty_patches']:,} patches)")
+    print(f"  majority-class accuracy  {m['majority_acc']:.4f}")
+
+
+@app.command("count-params")
+def count_params(
+    config: Path = ConfigOpt,
+    checkpoint: Path = typer.Option(None, "--checkpoint", help="Count the model of a checkpoint instead."),
+    overrides: list[str] = SetOpt,
+) -> None:
+    """Print one row per parameter tensor, then the total."""
+    from vitmask.params import format_table
+
+    print(format_table(runner.count_params(config, checkpoint, overrides)))
+
+
+@app.command("config")
+def config_cmd(config: Path = ConfigOpt, overrides: list[str] = SetOpt) -> None:
+    """Print the resolved config (file plus --set overrides) as YAML."""
+    print(dump_config(runner.resolve_config(config, overrides)), end="")
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        rv = app(args=argv, prog_name="vitmask", standalone_mode=False)
+    except UsageError as e:
+        cmd = e.ctx.command_path if e.ctx is not None else "vitmask"
+        print(f"{cmd}: error: {e.format_message()} (see '{cmd} --help')", file=sys.stderr)
+        sys.exit(2)
+    except UserError as e:
+        print(f"vitmask: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(rv if isinstance(rv, int) else 0)

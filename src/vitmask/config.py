@@ -1,0 +1,271 @@
+"""Configuration: frozen, typed dataclasses loaded from YAML.
+
+A config file has the sections `data`, `mask`, `model` and `train` plus the top-level `seed`.
+Keys are addressed with dots (`model.hidden_dim`) by `--set KEY=VALUE` overrides, which are applied
+last. Every check lives in a `__post_init__`, so a bad config fails at load with the field's name.
+Unknown keys are rejected with the nearest valid key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from vitmask.errors import UserError
+
+
+def _check(cond: bool, key: str, msg: str) -> None:
+    if not cond:
+        raise UserError(f"config: {key} {msg}")
+
+
+def _choice(value: Any, key: str, choices: tuple) -> None:
+    _check(value in choices, key, f"must be one of {', '.join(map(str, choices))}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    source: str = "shapes"  # where images come from: shapes (built in, procedural)
+    path: str = "data"  # root folder of a dataset on disk (unused by shapes)
+    image_size: int = 32  # images are square, image_size x image_size pixels
+    patch_size: int = 2  # patches are patch_size x patch_size pixels; 2^(p*p) token classes
+    batch_size: int = 128  # images per optimisation step (the global batch)
+    num_train: int = 20000  # shapes: training images generated
+    num_val: int = 1000  # shapes: validation images
+    num_test: int = 2000  # shapes: test images
+
+    def __post_init__(self) -> None:
+        _choice(self.source, "data.source", ("shapes",))
+        _check(self.patch_size >= 1, "data.patch_size", "must be >= 1")
+        _check(self.patch_size <= 4, "data.patch_size", "must be <= 4 (2^16 token classes at most)")
+        _check(self.image_size >= 1, "data.image_size", "must be >= 1")
+        _check(
+            self.image_size % self.patch_size == 0,
+            "data.image_size",
+            f"({self.image_size}) must be divisible by data.patch_size ({self.patch_size})",
+        )
+        _check(self.batch_size >= 1, "data.batch_size", "must be >= 1")
+        for k in ("num_train", "num_val", "num_test"):
+            _check(getattr(self, k) >= 1, f"data.{k}", "must be >= 1")
+
+    @property
+    def grid(self) -> int:
+        """Patches along one side of the image."""
+        return self.image_size // self.patch_size
+
+    @property
+    def num_patches(self) -> int:
+        return self.grid**2
+
+    @property
+    def patch_dim(self) -> int:
+        """Pixels in one patch."""
+        return self.patch_size**2
+
+    @property
+    def num_classes(self) -> int:
+        """Token classes: every bit pattern of a patch."""
+        return 2**self.patch_dim
+
+
+@dataclass(frozen=True)
+class MaskConfig:
+    ratio: float = 0.5  # share of patches masked per image; exactly round(ratio * N) are masked
+    fill: float = 0.5  # value the pixels of masked patches are replaced with (the seed's scheme)
+
+    def __post_init__(self) -> None:
+        _check(0.0 < self.ratio < 1.0, "mask.ratio", f"must be in (0, 1), got {self.ratio}")
+        _check(0.0 <= self.fill <= 1.0, "mask.fill", f"must be in [0, 1], got {self.fill}")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    hidden_dim: int = 128  # width of every token vector (D)
+    num_heads: int = 4  # attention heads; head_dim = hidden_dim / num_heads
+    depth: int = 4  # transformer blocks
+    ffn_dim: int = 512  # hidden width of the feed-forward network
+    activation: str = "gelu"  # relu | gelu
+    norm: str = "layernorm"  # none | layernorm
+    norm_position: str = "pre"  # pre (x + f(norm(x))) | post (norm(x + f(x)))
+    qkv_bias: bool = True  # bias on the Q, K and V projections
+    out_proj: bool = True  # linear projection after concatenating the heads
+    dropout: float = 0.0  # dropout on attention weights and on each residual branch
+
+    def __post_init__(self) -> None:
+        for k in ("hidden_dim", "num_heads", "depth", "ffn_dim"):
+            _check(getattr(self, k) >= 1, f"model.{k}", "must be >= 1")
+        _check(
+            self.hidden_dim % self.num_heads == 0,
+            "model.hidden_dim",
+            f"({self.hidden_dim}) must be divisible by model.num_heads ({self.num_heads})",
+        )
+        _choice(self.activation, "model.activation", ("relu", "gelu"))
+        _choice(self.norm, "model.norm", ("none", "layernorm"))
+        _choice(self.norm_position, "model.norm_position", ("pre", "post"))
+        _check(0.0 <= self.dropout < 1.0, "model.dropout", f"must be in [0, 1), got {self.dropout}")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    lr: float = 1e-3  # Adam learning rate
+    max_steps: int = 2000  # optimisation steps in the whole run
+    eval_every: int = 250  # steps between validations (and at the last step)
+    checkpoint_every: int = 500  # steps between checkpoints (and at the last step)
+    log_every: int = 25  # steps between training-scalar logs
+    eval_batches: int = 0  # validation batches per evaluation; 0 = the whole val split
+
+    def __post_init__(self) -> None:
+        _check(self.lr > 0, "train.lr", f"must be > 0, got {self.lr}")
+        for k in ("max_steps", "eval_every", "checkpoint_every", "log_every"):
+            _check(getattr(self, k) >= 1, f"train.{k}", "must be >= 1")
+        _check(self.eval_batches >= 0, "train.eval_batches", "must be >= 0")
+
+
+@dataclass(frozen=True)
+class Config:
+    seed: int = 0  # seeds every random number generator of a run
+    data: DataConfig = field(default_factory=DataConfig)
+    mask: MaskConfig = field(default_factory=MaskConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    name: str = "default"  # run name: runs/<name> unless --run-dir is given
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+SECTIONS = {"data": DataConfig, "mask": MaskConfig, "model": ModelConfig, "train": TrainConfig}
+
+
+def valid_keys() -> list[str]:
+    keys = [f.name for f in dataclasses.fields(Config) if f.name not in SECTIONS]
+    for sec, cls in SECTIONS.items():
+        keys += [f"{sec}.{f.name}" for f in dataclasses.fields(cls)]
+    return keys
+
+
+def _unknown(key: str) -> UserError:
+    near = difflib.get_close_matches(key, valid_keys(), n=1, cutoff=0.5)
+    hint = f"; did you mean '{near[0]}'?" if near else f"; valid keys: {', '.join(valid_keys())}"
+    return UserError(f"config: unknown key '{key}'{hint}")
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Check `value` against the annotation `tp`; convert only int or numeric str -> float, list -> tuple."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in typing.get_args(tp):
+            return None
+        for arm in typing.get_args(tp):
+            if arm is type(None):
+                continue
+            try:
+                return _coerce(value, arm, key)
+            except UserError:
+                pass
+        raise UserError(f"config: {key} has the wrong type: got {value!r}, expected {_type_name(tp)}")
+    if origin is tuple:
+        args = typing.get_args(tp)
+        if not isinstance(value, (list, tuple)) or len(value) != len(args):
+            raise UserError(f"config: {key} must be a list of {len(args)} values, got {value!r}")
+        return tuple(_coerce(v, a, key) for v, a in zip(value, args, strict=True))
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if tp is float and isinstance(value, str):  # YAML 1.1 reads 3e-4 (no dot) as a string
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    if (tp is not bool and isinstance(value, bool)) or not isinstance(value, tp):
+        raise UserError(f"config: {key} has the wrong type: got {value!r}, expected {_type_name(tp)}")
+    return value
+
+
+def _type_name(tp: Any) -> str:
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    if typing.get_origin(tp) is tuple:
+        return "[" + ", ".join(_type_name(a) for a in typing.get_args(tp)) + "]"
+    return "null" if tp is type(None) else tp.__name__
+
+
+def _build(cls: type, values: dict[str, Any], prefix: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for k, v in values.items():
+        key = f"{prefix}{k}"
+        if k not in names:
+            raise _unknown(key)
+        if cls is Config and k in SECTIONS:
+            if not isinstance(v, dict):
+                raise UserError(f"config: section '{k}' must be a mapping of keys to values, got {v!r}")
+            kwargs[k] = _build(SECTIONS[k], v, f"{k}.")
+        else:
+            kwargs[k] = _coerce(v, hints[k], key)
+    return cls(**kwargs)
+
+
+def _parse_override(item: str) -> tuple[list[str], Any]:
+    key, sep, raw = item.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise UserError(f"--set expects KEY=VALUE (for example --set train.lr=3e-4), got '{item}'")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    if key not in valid_keys():
+        raise _unknown(key)
+    return key.split("."), value
+
+
+def config_from_dict(raw: dict[str, Any], overrides: typing.Sequence[str] = ()) -> Config:
+    """Build a Config from nested plain data, then apply `KEY=VALUE` overrides."""
+    merged: dict[str, Any] = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
+    for item in overrides:
+        parts, value = _parse_override(item)
+        target = merged
+        for part in parts[:-1]:
+            section = target.setdefault(part, {})
+            if not isinstance(section, dict):
+                raise UserError(f"config: section '{part}' must be a mapping of keys to values")
+            target = section
+        target[parts[-1]] = value
+    return _build(Config, merged, "")
+
+
+def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> Config:
+    """Read a YAML config (safe_load); its name defaults to the file's stem."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"config file not found: {path}; pass an existing YAML file, e.g. configs/default.yaml")
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(
+            f"cannot read config file {path}: {e.__class__.__name__}; check it is a readable text file"
+        ) from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        where = getattr(e, "problem_mark", None)
+        at = f" at line {where.line + 1}, column {where.column + 1}" if where else ""
+        raise UserError(f"bad YAML in {path}{at}: {getattr(e, 'problem', e)}; fix the file's syntax") from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise UserError(f"config file {path} must hold a mapping of sections (data, mask, model, train)")
+    raw.setdefault("name", path.stem)
+    return config_from_dict(raw, overrides)
+
+
+def dump_config(cfg: Config) -> str:
+    return yaml.safe_dump(cfg.to_dict(), sort_keys=False)

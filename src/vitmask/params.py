@@ -1,0 +1,38 @@
+"""The parameter table printed by `vitmask count-params`, one row per tensor, as in seed 001."""
+
+from torch import nn
+
+# the seed's names for the tensors of its model, shown beside ours
+SEED_NAMES = {
+    "embed.weight": "A_up",
+    "embed.bias": "b_up",
+    "pos": "P",
+    "attn.qkv.weight": "W_q, W_k, W_v",
+    "attn.qkv.bias": "b_q, b_k, b_v",
+    "attn.proj.weight": "W_O",
+    "ffn.fc1.weight": "A_1",
+    "ffn.fc1.bias": "b_1",
+    "ffn.fc2.weight": "A_2",
+    "ffn.fc2.bias": "b_2",
+    "head.weight": "A_down",
+    "head.bias": "b_down",
+}
+
+
+def param_rows(model: nn.Module) -> list[tuple[str, tuple[int, ...], int, str]]:
+    rows = []
+    for name, p in model.named_parameters():
+        short = name.split(".", 2)[-1] if name.startswith("blocks.") else name
+        rows.append((name, tuple(p.shape), p.numel(), SEED_NAMES.get(short, "")))
+    return rows
+
+
+def format_table(model: nn.Module) -> str:
+    rows = param_rows(model)
+    width = max(len(r[0]) for r in rows)
+    lines = [f"{'tensor':<{width}}  {'shape':<14} {'params':>12}  seed"]
+    for name, shape, n, seed in rows:
+        lines.append(f"{name:<{width}}  {'x'.join(map(str, shape)):<14} {n:>12,}  {seed}".rstrip())
+    total = sum(r[2] for r in rows)
+    lines.append(f"{'total':<{width}}  {'':<14} {total:>12,}")
+    return "\n".join(lines)

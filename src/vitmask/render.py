@@ -1,0 +1,48 @@
+"""Pictures of what a model predicts: one grid, shown in TensorBoard and written as PNG.
+
+Rows, one column per image: the original; the masked input (hidden patches grey); the prediction
+with the visible patches kept; the errors: pixels of masked patches predicted wrongly in red
+(a missing foreground pixel) or orange (a spurious one), masked patches tinted blue.
+
+Shapes: B images, H = W side, N patches, P pixels per patch.
+"""
+
+import torch
+from torchvision.utils import make_grid, save_image
+
+from vitmask.patches import classes_to_patches, patchify, unpatchify
+
+RED = torch.tensor([1.0, 0.1, 0.1])
+ORANGE = torch.tensor([1.0, 0.6, 0.0])
+BLUE_TINT = torch.tensor([0.0, 0.0, 0.35])
+
+
+def fill_predictions(images: torch.Tensor, mask: torch.Tensor, pred: torch.Tensor, patch_size: int) -> torch.Tensor:
+    """images (B, H, W) 0/1, mask (B, N), pred (B, N) classes -> (B, H, W) uint8 with the masked
+    patches replaced by the predicted ones and the visible patches kept."""
+    pix = patchify(images, patch_size)  # (B, N, P)
+    guess = classes_to_patches(pred, patch_size**2).to(pix.dtype)  # (B, N, P)
+    return unpatchify(torch.where(mask.unsqueeze(-1), guess, pix), patch_size)  # (B, H, W)
+
+
+def reconstruction_grid(images: torch.Tensor, mask: torch.Tensor, pred: torch.Tensor, patch_size: int) -> torch.Tensor:
+    """(3, H', W') float image in [0, 1] of the four rows described above."""
+    images = images.detach().cpu()
+    mask, pred = mask.detach().cpu(), pred.detach().cpu()
+    orig = images.float()  # (B, H, W)
+    pix_mask = unpatchify(mask.unsqueeze(-1).expand(-1, -1, patch_size**2).to(torch.uint8), patch_size).bool()
+    masked_in = torch.where(pix_mask, torch.full_like(orig, 0.5), orig)
+    filled = fill_predictions(images, mask, pred, patch_size).float()
+    rgb = lambda g: g.unsqueeze(1).expand(-1, 3, -1, -1)  # noqa: E731 - (B, H, W) -> (B, 3, H, W)
+    err = rgb(filled).clone()
+    err += pix_mask.unsqueeze(1).float() * BLUE_TINT.view(1, 3, 1, 1)
+    missing = (filled < orig).unsqueeze(1)  # (B, 1, H, W)
+    spurious = (filled > orig).unsqueeze(1)
+    err = torch.where(missing, RED.view(1, 3, 1, 1), err)
+    err = torch.where(spurious, ORANGE.view(1, 3, 1, 1), err).clamp(0, 1)
+    rows = torch.cat([rgb(orig), rgb(masked_in), rgb(filled), err])  # (4B, 3, H, W)
+    return make_grid(rows, nrow=len(images), padding=2, pad_value=0.3)
+
+
+def save_grid(grid: torch.Tensor, path) -> None:
+    save_image(grid, path)

@@ -1,0 +1,116 @@
+"""What each CLI command does, as plain functions: run dirs, resuming, evaluating a checkpoint.
+
+The CLI only parses arguments and renders results and errors; everything here is callable from
+Python and raises `UserError` for bad input.
+"""
+
+from pathlib import Path
+
+import torch
+
+from vitmask.checkpoint import load_checkpoint
+from vitmask.config import Config, config_from_dict, dump_config, load_config
+from vitmask.data import SPLITS, load_splits
+from vitmask.errors import UserError
+from vitmask.evaluate import class_counts, evaluate
+from vitmask.metrics_log import TensorBoardLogger
+from vitmask.model import MaskedPatchViT, build_model
+from vitmask.runtime import resolve_device
+from vitmask.train import Trainer, check_model_state
+
+
+def resolve_config(config: Path | None, overrides: list[str], state: dict | None = None) -> Config:
+    if config is not None:
+        return load_config(config, overrides)
+    if state is not None:
+        return config_from_dict(state["config"], overrides)
+    raise UserError("no config given; pass --config PATH (for example configs/default.yaml)")
+
+
+def _prepare_run_dir(run_dir: Path, resuming: bool) -> None:
+    if not resuming and run_dir.exists() and any(run_dir.iterdir()):
+        raise UserError(
+            f"run dir {run_dir} already exists and is not empty; continue it with --resume auto, "
+            "or start a new run with --run-dir DIR"
+        )
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / ".write-test"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise UserError(f"run dir {run_dir} is not writable ({e.strerror}); pass a writable --run-dir") from None
+
+
+def train(
+    config: Path | None,
+    overrides: list[str],
+    run_dir: Path | None,
+    resume: str | None,
+    device_name: str,
+) -> tuple[Path, dict[str, float]]:
+    """Start or continue a run. Returns the run dir and the final validation metrics."""
+    device = resolve_device(device_name)
+    state = None
+    if resume is not None and resume != "auto":
+        state = load_checkpoint(resume)
+    cfg = resolve_config(config, overrides, state)
+    if run_dir is None:
+        run_dir = Path(resume).parent if state is not None else Path("runs") / cfg.name
+    if resume == "auto" and (run_dir / "last.pt").is_file():
+        state = load_checkpoint(run_dir / "last.pt")
+    _prepare_run_dir(run_dir, resuming=state is not None)
+    splits = load_splits(cfg)
+    trainer = Trainer(cfg, splits, device)
+    if state is not None:
+        trainer.load_state_dict(state)
+        print(f"resuming {run_dir} from step {trainer.step}")
+    (run_dir / "config.yaml").write_text(dump_config(cfg))
+    trainer.logger = TensorBoardLogger(run_dir)
+    try:
+        val = trainer.fit(run_dir)
+    finally:
+        trainer.close()
+    return run_dir, val
+
+
+def load_model(path: Path, device: torch.device) -> tuple[MaskedPatchViT, Config, dict]:
+    """The model of a checkpoint, in eval mode on `device`, with its config and the raw state."""
+    state = load_checkpoint(path)
+    cfg = config_from_dict(state["config"])
+    model = build_model(cfg)
+    check_model_state(model, state["model"])
+    model.load_state_dict(state["model"])
+    return model.to(device).eval(), cfg, state
+
+
+def check_ratio(ratio: float) -> None:
+    if not 0.0 < ratio < 1.0:
+        raise UserError(f"--mask-ratio must be strictly between 0 and 1, got {ratio}")
+
+
+def evaluate_checkpoint(
+    path: Path, split: str, ratio: float | None, device_name: str, seed: int = 0
+) -> dict[str, float]:
+    if split not in SPLITS:
+        raise UserError(f"unknown split '{split}'; use one of {', '.join(SPLITS)}")
+    if ratio is not None:
+        check_ratio(ratio)
+    device = resolve_device(device_name)
+    model, cfg, _ = load_model(path, device)
+    ratio = cfg.mask.ratio if ratio is None else ratio
+    splits = load_splits(cfg)
+    majority = int(class_counts(splits["train"], cfg.data.patch_size, cfg.data.num_classes).argmax())
+    metrics = evaluate(model, splits[split].to(device), cfg, ratio, seed, majority, progress=True)
+    return {"split": split, "mask_ratio": ratio, "seed": seed, **metrics}
+
+
+def count_params(config: Path | None, checkpoint: Path | None, overrides: list[str]) -> MaskedPatchViT:
+    if (config is None) == (checkpoint is None):
+        raise UserError("count-params needs exactly one of --config PATH or --checkpoint PATH")
+    if checkpoint is not None:
+        state = load_checkpoint(checkpoint)
+        cfg = config_from_dict(state["config"], overrides)
+    else:
+        cfg = load_config(config, overrides)
+    return build_model(cfg)

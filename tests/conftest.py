@@ -1,0 +1,60 @@
+"""Shared test helpers: tiny configs and running the real CLI in a subprocess."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+MNIST_DIR = ROOT.parent / "shared" / "data" / "mnist"
+
+TINY = {
+    "seed": 0,
+    "data": {"image_size": 16, "patch_size": 2, "batch_size": 32, "num_train": 512, "num_val": 64, "num_test": 64},
+    "mask": {"ratio": 0.5},
+    "model": {"hidden_dim": 32, "num_heads": 2, "depth": 2, "ffn_dim": 64},
+    "train": {"lr": 3e-3, "max_steps": 30, "eval_every": 15, "checkpoint_every": 15, "log_every": 5},
+}
+
+
+def write_config(path: Path, overrides: dict | None = None) -> Path:
+    """Write TINY, with nested `overrides` merged in, as YAML to `path`."""
+    cfg = {k: (dict(v) if isinstance(v, dict) else v) for k, v in TINY.items()}
+    for k, v in (overrides or {}).items():
+        if isinstance(v, dict):
+            cfg.setdefault(k, {}).update(v)
+        else:
+            cfg[k] = v
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+@pytest.fixture
+def tiny_config(tmp_path: Path) -> Path:
+    return write_config(tmp_path / "tiny.yaml")
+
+
+def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run `python -m vitmask ARGS` and capture its output."""
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "vitmask", *map(str, args)],
+        cwd=cwd or ROOT,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def assert_user_error(res: subprocess.CompletedProcess, *needles: str) -> None:
+    """Exit code 2, exactly one line on stderr that mentions every needle, and no traceback."""
+    assert res.returncode == 2, (res.returncode, res.stdout, res.stderr)
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, res.stderr
+    assert "Traceback" not in res.stderr
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])

@@ -1,0 +1,59 @@
+import pytest
+
+from tests.conftest import ROOT
+from vitmask.config import Config, config_from_dict, dump_config, load_config
+from vitmask.errors import UserError
+
+
+def test_defaults_and_files_load_into_frozen_typed_config():
+    cfg = load_config(ROOT / "configs" / "default.yaml")
+    assert isinstance(cfg, Config) and cfg.name == "default"
+    assert cfg.model.norm_position == "pre" and cfg.model.depth >= 2
+    with pytest.raises(AttributeError):
+        cfg.seed = 3  # frozen
+
+
+def test_unknown_key_is_rejected_with_the_nearest_valid_key():
+    with pytest.raises(UserError, match=r"unknown key 'model\.hiden_dim'; did you mean 'model\.hidden_dim'"):
+        config_from_dict({"model": {"hiden_dim": 64}})
+    with pytest.raises(UserError, match="did you mean 'train.lr'"):
+        config_from_dict({}, ["train.lrr=0.1"])
+    with pytest.raises(UserError, match="unknown key 'modle'"):
+        config_from_dict({"modle": {}})
+
+
+@pytest.mark.parametrize(
+    "raw,needle",
+    [
+        ({"model": {"hidden_dim": "big"}}, "model.hidden_dim has the wrong type"),
+        ({"model": {"depth": 2.5}}, "model.depth has the wrong type"),
+        ({"model": {"qkv_bias": 1}}, "model.qkv_bias has the wrong type"),
+        ({"train": {"lr": True}}, "train.lr has the wrong type"),
+        ({"data": {"image_size": 30, "patch_size": 4}}, "must be divisible by data.patch_size"),
+        ({"model": {"hidden_dim": 100, "num_heads": 3}}, "must be divisible by model.num_heads"),
+        ({"mask": {"ratio": 1.0}}, "mask.ratio must be in (0, 1)"),
+        ({"mask": {"ratio": 0}}, "mask.ratio must be in (0, 1)"),
+        ({"model": {"activation": "tanh"}}, "model.activation must be one of"),
+        ({"train": {"max_steps": 0}}, "train.max_steps must be >= 1"),
+        ({"data": 3}, "section 'data' must be a mapping"),
+    ],
+)
+def test_wrong_types_and_impossible_combinations_are_rejected(raw, needle):
+    with pytest.raises(UserError) as e:
+        config_from_dict(raw)
+    assert needle in str(e.value)
+
+
+def test_overrides_are_applied_last_and_typed():
+    cfg = config_from_dict({"train": {"lr": 0.1}}, ["train.lr=3e-4", "model.depth=2", "seed=7", "model.qkv_bias=false"])
+    assert cfg.train.lr == 3e-4 and cfg.model.depth == 2 and cfg.seed == 7 and cfg.model.qkv_bias is False
+    assert config_from_dict({}, ["train.lr=1"]).train.lr == 1.0  # an int is a valid float
+    with pytest.raises(UserError, match="KEY=VALUE"):
+        config_from_dict({}, ["train.lr"])
+
+
+def test_dumped_config_loads_back_equal(tmp_path):
+    cfg = config_from_dict({"model": {"depth": 3}}, ["train.lr=0.002"])
+    p = tmp_path / "c.yaml"
+    p.write_text(dump_config(cfg))
+    assert load_config(p) == cfg

@@ -1,0 +1,147 @@
+"""The model's parts against independent computations: seed 000's worked FFN example and head
+split, a hand-written attention, torch's own modules, and seed 001's parameter count."""
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from tests.conftest import ROOT
+from vitmask.config import Config, ModelConfig, load_config
+from vitmask.model import Attention, Block, FeedForward, MaskedPatchViT, build_model, merge_heads, split_heads
+
+
+def test_ffn_matches_seed_000_forward_and_backward():
+    # seed 000, section 4a. Its W_2 and b_2 are not printed; these are the ones consistent with its
+    # Y: row 1 of W_2 follows from Y_1 - Y_2 = 2 * W_2[0], the rest is one valid choice.
+    X = torch.tensor([[1.0, 0, 2, 1], [0, 1, 1, 0]])
+    W1 = torch.tensor([[1.0, 0, 1], [0, 1, 1], [1, 0, 0], [0, 1, 0]])
+    b1 = torch.tensor([0.0, 1, 0])
+    W2 = torch.tensor([[1.0, 0, 1, 0], [0, 1, 0, 1], [1, 0, 1, 0]])
+    b2 = torch.tensor([0.0, 0, 1, 0])
+    T = torch.tensor([[1.0, 0, 0, 1], [0, 0, 1, 1]])
+    ffn = FeedForward(4, 3, "relu")
+    with torch.no_grad():  # nn.Linear computes x W^T + b, so it holds the transposes
+        ffn.fc1.weight.copy_(W1.T)
+        ffn.fc1.bias.copy_(b1)
+        ffn.fc2.weight.copy_(W2.T)
+        ffn.fc2.bias.copy_(b2)
+    V = ffn.act(ffn.fc1(X))
+    Y = ffn(X)
+    assert V.tolist() == [[3, 2, 1], [1, 2, 1]]
+    assert Y.tolist() == [[4, 2, 5, 2], [2, 2, 3, 2]]
+    loss = 0.5 * ((Y - T) ** 2).sum()
+    loss.backward()
+    dW2 = ffn.fc2.weight.grad.T  # dL/dW_2 = V^T dY, in the seed's orientation
+    assert dW2.tolist() == [[11, 8, 17, 4], [10, 8, 14, 4], [5, 4, 7, 2]]
+    assert ffn.fc2.bias.grad.tolist() == [5, 4, 7, 2]
+
+
+def test_head_split_of_seed_000_q_example():
+    Q = torch.tensor([[1.0, 2, 3, 4, 5, 6, 7, 8], [2, 1, 0, 1, 3, 3, 2, 2], [0, 1, 1, 0, 9, 8, 7, 6]])
+    heads = split_heads(Q.unsqueeze(0), 2)  # (1, 2, 3, 4)
+    assert heads.shape == (1, 2, 3, 4)
+    assert heads[0, 0].tolist() == [[1, 2, 3, 4], [2, 1, 0, 1], [0, 1, 1, 0]]
+    assert heads[0, 1].tolist() == [[5, 6, 7, 8], [3, 3, 2, 2], [9, 8, 7, 6]]
+    assert torch.equal(merge_heads(heads), Q.unsqueeze(0))
+
+
+@pytest.mark.parametrize("qkv_bias,out_proj", [(False, False), (True, True)])
+def test_attention_equals_hand_written_softmax(qkv_bias, out_proj):
+    torch.manual_seed(0)
+    B, N, D, H = 2, 5, 8, 2
+    attn = Attention(D, H, qkv_bias, out_proj, dropout=0.0).eval()
+    x = torch.randn(B, N, D)
+    Wq, Wk, Wv = attn.qkv.weight.chunk(3, dim=0)
+    bq, bk, bv = attn.qkv.bias.chunk(3) if qkv_bias else (0, 0, 0)
+    d = D // H
+    heads = []
+    for h in range(H):
+        cols = slice(h * d, (h + 1) * d)
+        q = (x @ Wq.T + bq)[..., cols]
+        k = (x @ Wk.T + bk)[..., cols]
+        v = (x @ Wv.T + bv)[..., cols]
+        a = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(d), dim=-1)
+        heads.append(a @ v)
+    expected = torch.cat(heads, dim=-1)
+    if out_proj:
+        expected = expected @ attn.proj.weight.T + attn.proj.bias
+    torch.testing.assert_close(attn(x), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_attention_matches_torch_multihead_attention():
+    torch.manual_seed(1)
+    D, H = 16, 4
+    ours = Attention(D, H, qkv_bias=True, out_proj=True, dropout=0.0).eval()
+    ref = nn.MultiheadAttention(D, H, batch_first=True).eval()
+    with torch.no_grad():
+        ref.in_proj_weight.copy_(ours.qkv.weight)
+        ref.in_proj_bias.copy_(ours.qkv.bias)
+        ref.out_proj.weight.copy_(ours.proj.weight)
+        ref.out_proj.bias.copy_(ours.proj.bias)
+    x = torch.randn(3, 7, D)
+    torch.testing.assert_close(ours(x), ref(x, x, x, need_weights=False)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_pre_and_post_norm_blocks_match_torch_encoder_layer():
+    torch.manual_seed(2)
+    for norm_first in (True, False):
+        cfg = ModelConfig(
+            hidden_dim=16, num_heads=2, ffn_dim=32, activation="relu", norm_position="pre" if norm_first else "post"
+        )
+        ours = Block(cfg).eval()
+        ref = nn.TransformerEncoderLayer(
+            16, 2, 32, dropout=0.0, activation="relu", batch_first=True, norm_first=norm_first
+        ).eval()
+        with torch.no_grad():
+            ref.self_attn.in_proj_weight.copy_(ours.attn.qkv.weight)
+            ref.self_attn.in_proj_bias.copy_(ours.attn.qkv.bias)
+            ref.self_attn.out_proj.weight.copy_(ours.attn.proj.weight)
+            ref.self_attn.out_proj.bias.copy_(ours.attn.proj.bias)
+            for a, b in [
+                (ref.linear1, ours.ffn.fc1),
+                (ref.linear2, ours.ffn.fc2),
+                (ref.norm1, ours.norm1),
+                (ref.norm2, ours.norm2),
+            ]:
+                a.weight.copy_(b.weight)
+                a.bias.copy_(b.bias)
+        x = torch.randn(2, 6, 16)
+        torch.testing.assert_close(ours(x), ref(x), rtol=1e-5, atol=1e-5)
+
+
+def test_seed_config_has_314640_parameters():
+    cfg = load_config(ROOT / "configs" / "seed.yaml")
+    assert cfg.data.num_patches == 1024 and cfg.data.num_classes == 16 and cfg.data.batch_size == 32
+    model = build_model(cfg)
+    assert sum(p.numel() for p in model.parameters()) == 314_640
+
+
+def test_forward_shapes_and_every_parameter_gets_a_gradient():
+    cfg = Config(model=ModelConfig(hidden_dim=32, num_heads=4, depth=2, ffn_dim=64))
+    model = MaskedPatchViT(cfg.model, num_patches=64, patch_dim=4, num_classes=16, fill=0.5)
+    x = torch.randint(0, 2, (3, 64, 4)).float()
+    mask = torch.zeros(3, 64, dtype=torch.bool)
+    mask[:, :20] = True
+    ids = torch.arange(20).expand(3, 20)
+    logits = model(x, mask, ids)
+    assert logits.shape == (3, 20, 16)
+    assert torch.isfinite(logits).all()
+    full = model(x, mask)
+    assert full.shape == (3, 64, 16)
+    torch.testing.assert_close(full[:, :20], logits)
+    logits.logsumexp(-1).sum().backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, name
+
+
+def test_masked_pixels_do_not_reach_the_model():
+    torch.manual_seed(0)
+    model = MaskedPatchViT(ModelConfig(hidden_dim=16, num_heads=2, depth=1, ffn_dim=32), 16, 4, 16, 0.5).eval()
+    x = torch.randint(0, 2, (1, 16, 4)).float()
+    mask = torch.zeros(1, 16, dtype=torch.bool)
+    mask[0, 3] = True
+    y = x.clone()
+    y[0, 3] = 1 - y[0, 3]  # change only the hidden patch
+    torch.testing.assert_close(model(x, mask), model(y, mask))

@@ -1,0 +1,67 @@
+import torch
+
+from vitmask.masking import mask_to_ids, num_masked, random_mask
+from vitmask.patches import classes_to_patches, patches_to_classes, patchify, unpatchify
+
+
+def test_unpatchify_inverts_patchify():
+    g = torch.Generator().manual_seed(0)
+    for p, size in [(1, 5), (2, 8), (4, 16)]:
+        x = torch.randint(0, 2, (3, size, size), generator=g, dtype=torch.uint8)
+        pat = patchify(x, p)
+        assert pat.shape == (3, (size // p) ** 2, p * p)
+        assert torch.equal(unpatchify(pat, p), x)
+
+
+def test_patches_are_row_major_over_the_grid_and_inside_a_patch():
+    x = torch.arange(16).view(1, 4, 4)
+    pat = patchify(x, 2)
+    assert pat[0, 0].tolist() == [0, 1, 4, 5]  # top-left patch, its pixels row by row
+    assert pat[0, 1].tolist() == [2, 3, 6, 7]  # the patch to its right
+    assert pat[0, 2].tolist() == [8, 9, 12, 13]  # first patch of the second row
+
+
+def test_bit_order_first_pixel_is_most_significant():
+    # [[a, b], [c, d]] -> 8a + 4b + 2c + d, the column order of seed 001's logit table
+    assert patches_to_classes(torch.tensor([0, 0, 0, 1])).item() == 1
+    assert patches_to_classes(torch.tensor([0, 0, 1, 0])).item() == 2
+    assert patches_to_classes(torch.tensor([1, 0, 0, 0])).item() == 8
+    assert patches_to_classes(torch.tensor([1, 1, 1, 1])).item() == 15
+    img = torch.tensor([[[1, 0], [0, 1]]], dtype=torch.uint8)
+    assert patches_to_classes(patchify(img, 2)).tolist() == [[9]]
+
+
+def test_classes_round_trip_for_every_class():
+    for bits in (1, 4, 9):
+        c = torch.arange(2**bits)
+        pix = classes_to_patches(c, bits)
+        assert pix.shape == (2**bits, bits)
+        assert set(pix.unique().tolist()) <= {0, 1}
+        assert torch.equal(patches_to_classes(pix), c)
+
+
+def test_num_masked_is_round_ratio_times_n_within_1_and_n_minus_1():
+    assert num_masked(256, 0.5) == 128
+    assert num_masked(256, 0.75) == 192
+    assert num_masked(10, 0.33) == 3
+    assert num_masked(10, 0.01) == 1
+    assert num_masked(10, 0.99) == 9
+
+
+def test_random_mask_hides_an_exact_count_per_image():
+    g = torch.Generator().manual_seed(1)
+    for ratio in (0.1, 0.5, 0.75):
+        m = num_masked(64, ratio)
+        ids, mask = random_mask(50, 64, m, g)
+        assert ids.shape == (50, m) and mask.shape == (50, 64)
+        assert (mask.sum(1) == m).all()
+        assert mask.gather(1, ids).all()  # ids point at masked patches
+        assert (ids.sort(1).values.diff(dim=1) > 0).all()  # no repeats
+        assert torch.equal(mask_to_ids(mask), ids.sort(1).values)
+
+
+def test_random_mask_differs_between_images_and_is_seeded():
+    a = random_mask(4, 64, 32, torch.Generator().manual_seed(3))[1]
+    b = random_mask(4, 64, 32, torch.Generator().manual_seed(3))[1]
+    assert torch.equal(a, b)
+    assert not torch.equal(a[0], a[1])
