@@ -40,6 +40,9 @@ class DataConfig:
     num_train: int = 20000  # shapes: training images generated
     num_val: int = 1000  # shapes: validation images
     num_test: int = 2000  # shapes: test images
+    fit: str = "pad"  # how images of another size are fitted to image_size: pad | resize | center_crop | none
+    threshold: float = 0.5  # a pixel is foreground when its gray level >= threshold * 255
+    invert: bool = False  # swap foreground and background after thresholding
 
     def __post_init__(self) -> None:
         _choice(self.source, "data.source", ("shapes",))
@@ -54,6 +57,8 @@ class DataConfig:
         _check(self.batch_size >= 1, "data.batch_size", "must be >= 1")
         for k in ("num_train", "num_val", "num_test"):
             _check(getattr(self, k) >= 1, f"data.{k}", "must be >= 1")
+        _choice(self.fit, "data.fit", ("pad", "resize", "center_crop", "none"))
+        _check(0.0 <= self.threshold <= 1.0, "data.threshold", f"must be in [0, 1], got {self.threshold}")
 
     @property
     def grid(self) -> int:
