@@ -60,13 +60,14 @@ def train(
         state = None
         if resume is not None and resume != "auto":
             state = load_checkpoint(resume)
-        cfg = resolve_config(config, overrides, state)
-        if run_dir is None:
-            run_dir = Path(resume).parent if state is not None else Path("runs") / cfg.name
-        if resume == "auto" and (latest := latest_checkpoint(run_dir)) is not None:
+            run_dir = run_dir or Path(resume).parent
+        if resume == "auto" and run_dir is not None and (latest := latest_checkpoint(run_dir)) is not None:
             state = load_checkpoint(latest)
-            if config is None:
-                cfg = resolve_config(None, overrides, state)
+        cfg = resolve_config(config, overrides, state)
+        if run_dir is None:  # --resume auto with a config: the config names the run dir
+            run_dir = Path("runs") / cfg.name
+            if resume == "auto" and (latest := latest_checkpoint(run_dir)) is not None:
+                state = load_checkpoint(latest)
         if world.main:
             _prepare_run_dir(run_dir, may_exist=state is not None or resume == "auto")
             remove_stale_temps(run_dir)

@@ -68,6 +68,11 @@ def masked_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
 
 
+def bit_hits(pred: torch.Tensor, targets: torch.Tensor, num_bits: int) -> torch.Tensor:
+    """How many pixels (bits) of the predicted classes match the true ones: (B, M) x 2 -> scalar."""
+    return (classes_to_patches(pred, num_bits) == classes_to_patches(targets, num_bits)).sum()
+
+
 def split_batch(batch: Batch, parts: int) -> list[Batch]:
     """Cut a batch into `parts` equal micro-batches along B (views, no copy)."""
     if parts == 1:
@@ -160,10 +165,9 @@ class Trainer:
         targets = batch.targets.gather(1, batch.ids)  # (B, M)
         hit = pred == targets
         filled = targets != 0
-        p = self.cfg.data.patch_dim
-        bit_hits = (classes_to_patches(pred, p) == classes_to_patches(targets, p)).sum()
         self._bad_step = torch.where((self._bad_step == 0) & ~torch.isfinite(loss), self.step, self._bad_step)
-        stats = torch.stack([loss, grad_norm, hit.sum(), (hit & filled).sum(), filled.sum(), bit_hits]).float()
+        bits = bit_hits(pred, targets, self.cfg.data.patch_dim)
+        stats = torch.stack([loss, grad_norm, hit.sum(), (hit & filled).sum(), filled.sum(), bits]).float()
         self._sums += stats
         self._since_log += 1
         return {"loss": loss, "acc": hit.float().mean(), "grad_norm": grad_norm}
