@@ -41,7 +41,7 @@ class Recorder:
     def log_image(self, tag, image, step):
         pass
 
-    def log_hparams(self, hparams, metrics):
+    def log_hparams(self, hparams, metrics, step=0):
         pass
 
     def close(self):

@@ -38,7 +38,6 @@ from vitmask.metrics_log import NullLogger
 from vitmask.model import build_model
 from vitmask.optim import build_optimizer, build_scheduler
 from vitmask.patches import classes_to_patches
-from vitmask.render import reconstruction_grid
 from vitmask.runtime import (
     autocast,
     check_compile,
@@ -192,6 +191,8 @@ class Trainer:
     @torch.no_grad()
     def reconstruction(self) -> torch.Tensor:
         """(3, H', W') grid of the fixed val images: original, masked, predicted, errors."""
+        from vitmask.render import reconstruction_grid  # imports torchvision: only when a grid is drawn
+
         b = self.grid_batch
         self.model.eval()
         with autocast(self.cfg.train.precision, self.device):
@@ -344,15 +345,14 @@ class Trainer:
     def _log_hparams(self, val: dict[str, float]) -> None:
         if not self.world.main:
             return
-        hparams = {}
-        for section, values in self.cfg.to_dict().items():
-            if isinstance(values, dict):
-                hparams.update({f"{section}.{k}": v for k, v in values.items()})
-            else:
-                hparams[section] = values
+        hparams = {}  # every config key, as section.key
+        raw = self.cfg.to_dict()
+        for section in ("train", "model", "mask", "data"):
+            hparams.update({f"{section}.{k}": v for k, v in raw.pop(section).items()})
+        hparams.update(raw)
         metrics = {f"hparam/val_{k}": val[k] for k in ("loss", "acc", "acc_nonempty") if k in val}
         metrics["hparam/best_val_loss"] = self.best_val_loss
-        self.logger.log_hparams(hparams, metrics)
+        self.logger.log_hparams(hparams, metrics, self.step)
 
     @contextlib.contextmanager
     def _catch_signals(self):
