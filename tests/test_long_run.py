@@ -59,6 +59,13 @@ def wait_for_line(proc: subprocess.Popen, prefix: str, timeout: float = 120) -> 
     raise AssertionError(f"process ended (rc {proc.wait()}) before a line starting {prefix!r}: {proc.stderr.read()}")
 
 
+def train_in_process(config_path: Path, run_dir: Path) -> None:
+    """What `vitmask train --config C --run-dir R` does, without starting a process."""
+    cfg = load_config(config_path)
+    run_dir.mkdir()
+    Trainer(cfg, load_splits(cfg), torch.device("cpu")).fit(run_dir, progress=False)
+
+
 def weights(path: Path) -> dict[str, torch.Tensor]:
     return torch.load(path, weights_only=True)["model"]
 
@@ -85,8 +92,7 @@ def test_sigkill_then_resume_ends_bit_identical_to_an_unbroken_run(tmp_path):
         },
     )
     whole, broken = tmp_path / "whole", tmp_path / "broken"
-    res = run1("train", "--config", cfg, "--run-dir", whole, "--device", "cpu")
-    assert res.returncode == 0, res.stderr
+    train_in_process(cfg, whole)  # the unbroken run
 
     proc = start("train", "--config", cfg, "--run-dir", broken, "--device", "cpu")
     wait_for_line(proc, f"step {n + k}/")
@@ -143,7 +149,7 @@ cli.main(sys.argv[1:])
 def test_a_kill_during_a_save_leaves_every_checkpoint_intact(tmp_path):
     cfg = write_config(tmp_path / "c.yaml", {"train": {"max_steps": 15, "checkpoint_every": 15, "eval_every": 15}})
     run = tmp_path / "run"
-    assert run1("train", "--config", cfg, "--run-dir", run, "--device", "cpu").returncode == 0
+    train_in_process(cfg, run)
     before = {p.name: p.read_bytes() for p in run.glob("*.pt")}
     assert {"last.pt", "best.pt", "step_0000015.pt"} <= set(before)
 
