@@ -9,6 +9,8 @@ from vitmask.config import load_config
 from vitmask.data import load_splits
 from vitmask.train import Trainer
 
+ONE = {"OMP_NUM_THREADS": "1"}  # one thread per process: on a small shared CPU box, two mostly wait on each other
+
 
 def test_thirty_steps_lower_the_loss(tiny_config):
     cfg = load_config(tiny_config)
@@ -23,7 +25,7 @@ def test_thirty_steps_lower_the_loss(tiny_config):
 
 def test_checkpoint_is_plain_data_and_eval_is_reproducible(tiny_config, tmp_path):
     run = tmp_path / "run"
-    res = run_cli("train", "--config", tiny_config, "--run-dir", run, "--device", "cpu")
+    res = run_cli("train", "--config", tiny_config, "--run-dir", run, "--device", "cpu", env=ONE)
     assert res.returncode == 0, res.stderr
     state = torch.load(run / "last.pt", weights_only=True)  # plain data only
     assert state["step"] == 30
@@ -39,8 +41,11 @@ def test_checkpoint_is_plain_data_and_eval_is_reproducible(tiny_config, tmp_path
 
 def test_resume_continues_from_the_checkpoint_step(tiny_config, tmp_path):
     run = tmp_path / "run"
-    assert run_cli("train", "--config", tiny_config, "--run-dir", run, "--set", "train.max_steps=15").returncode == 0
-    res = run_cli("train", "--config", tiny_config, "--run-dir", run, "--resume", "auto")
+    assert (
+        run_cli("train", "--config", tiny_config, "--run-dir", run, "--set", "train.max_steps=15", env=ONE).returncode
+        == 0
+    )
+    res = run_cli("train", "--config", tiny_config, "--run-dir", run, "--resume", "auto", env=ONE)
     assert res.returncode == 0, res.stderr
     assert "resuming" in res.stdout and "from step 15" in res.stdout
     assert load_checkpoint(run / "last.pt")["step"] == 30

@@ -1,10 +1,12 @@
 """The `vitmask` command line: parse, call the library, render results and errors.
 
 Bad input (a `UserError`, or a usage error from the parser) ends in one line on stderr and exit
-code 2. Anything else is a bug and keeps its traceback.
+code 2. Training stopped by SIGINT or SIGTERM says where its checkpoint is and exits 130 or 143.
+Anything else is a bug and keeps its traceback.
 """
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -18,6 +20,7 @@ except ImportError:  # pragma: no cover - depends on the installed typer
 from vitmask import runner
 from vitmask.config import dump_config
 from vitmask.errors import UserError
+from vitmask.train import Interrupted
 
 app = typer.Typer(
     add_completion=False,
@@ -37,12 +40,20 @@ def train(
     overrides: list[str] = SetOpt,
     run_dir: Path = typer.Option(None, "--run-dir", help="Where the run writes; default runs/<config name>."),
     resume: str = typer.Option(
-        None, "--resume", help="A checkpoint to continue from, or 'auto' for the run dir's last.pt if there is one."
+        None,
+        "--resume",
+        help="A checkpoint to continue from, or 'auto': the run dir's newest checkpoint, or a fresh start if none.",
     ),
     device: str = DeviceOpt,
 ) -> None:
-    """Train a model; checkpoints, config.yaml and TensorBoard events go to the run dir."""
+    """Train a model; checkpoints, config.yaml and TensorBoard events go to the run dir.
+
+    Under torchrun (`torchrun --nproc_per_node=N -m vitmask train ...`) it trains data-parallel.
+    SIGINT/SIGTERM finish the current step, write a checkpoint and exit 130/143.
+    """
     run_dir, val = runner.train(config, overrides, run_dir, resume, device)
+    if os.environ.get("RANK", "0") != "0":
+        return
     print(f"done: {run_dir}/last.pt  val acc {val.get('acc', float('nan')):.4f}")
     print(f"evaluate it with: vitmask eval --checkpoint {run_dir}/last.pt --split test")
 
@@ -96,4 +107,7 @@ def main(argv: list[str] | None = None) -> None:
     except UserError as e:
         print(f"vitmask: error: {e}", file=sys.stderr)
         sys.exit(2)
+    except Interrupted as e:  # SIGINT / SIGTERM during training, after its checkpoint was written
+        print(f"vitmask: {e}", file=sys.stderr)
+        sys.exit(e.code)
     sys.exit(rv if isinstance(rv, int) else 0)

@@ -119,18 +119,42 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    lr: float = 1e-3  # Adam learning rate
+    lr: float = 1e-3  # peak learning rate, reached at the end of warmup
     max_steps: int = 2000  # optimisation steps in the whole run
     eval_every: int = 250  # steps between validations (and at the last step)
     checkpoint_every: int = 500  # steps between checkpoints (and at the last step)
     log_every: int = 25  # steps between training-scalar logs
     eval_batches: int = 0  # validation batches per evaluation; 0 = the whole val split
+    optimizer: str = "adam"  # adam | adamw (decoupled weight decay)
+    weight_decay: float = 0.0  # decay of weight matrices only; never biases, norms, pos or mask_token
+    beta1: float = 0.9  # Adam's decay rate of the gradient mean
+    beta2: float = 0.999  # Adam's decay rate of the squared-gradient mean
+    eps: float = 1e-8  # Adam's epsilon
+    schedule: str = "constant"  # lr after warmup: constant | cosine (decays to min_lr at max_steps)
+    warmup_steps: int = 0  # linear warmup from 0 to lr over this many steps
+    min_lr: float = 0.0  # the lr cosine decay ends at
+    grad_clip: float = 0.0  # clip the global gradient norm to this; 0 = no clipping (the norm is still logged)
+    accum_steps: int = 1  # micro-batches per step; data.batch_size must be divisible by it
+    precision: str = "fp32"  # fp32 | bf16 (autocast) | fp16 (autocast + GradScaler, CUDA only)
+    compile: bool = False  # wrap the model in torch.compile
+    deterministic: bool = False  # ask torch for deterministic algorithms (slower; exact resume on CPU)
+    keep_last: int = 3  # step_*.pt checkpoints kept in the run dir (last.pt and best.pt always kept)
 
     def __post_init__(self) -> None:
         _check(self.lr > 0, "train.lr", f"must be > 0, got {self.lr}")
-        for k in ("max_steps", "eval_every", "checkpoint_every", "log_every"):
+        for k in ("max_steps", "eval_every", "checkpoint_every", "log_every", "accum_steps", "keep_last"):
             _check(getattr(self, k) >= 1, f"train.{k}", "must be >= 1")
         _check(self.eval_batches >= 0, "train.eval_batches", "must be >= 0")
+        _choice(self.optimizer, "train.optimizer", ("adam", "adamw"))
+        _check(self.weight_decay >= 0, "train.weight_decay", f"must be >= 0, got {self.weight_decay}")
+        for k in ("beta1", "beta2"):
+            _check(0.0 <= getattr(self, k) < 1.0, f"train.{k}", f"must be in [0, 1), got {getattr(self, k)}")
+        _check(self.eps > 0, "train.eps", f"must be > 0, got {self.eps}")
+        _choice(self.schedule, "train.schedule", ("constant", "cosine"))
+        _check(self.warmup_steps >= 0, "train.warmup_steps", "must be >= 0")
+        _check(0 <= self.min_lr <= self.lr, "train.min_lr", f"must be in [0, train.lr ({self.lr})], got {self.min_lr}")
+        _check(self.grad_clip >= 0, "train.grad_clip", f"must be >= 0 (0 = off), got {self.grad_clip}")
+        _choice(self.precision, "train.precision", ("fp32", "bf16", "fp16"))
 
 
 @dataclass(frozen=True)
@@ -141,6 +165,14 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     name: str = "default"  # run name: runs/<name> unless --run-dir is given
+
+    def __post_init__(self) -> None:
+        _check(
+            self.data.batch_size % self.train.accum_steps == 0,
+            "train.accum_steps",
+            f"({self.train.accum_steps}) must divide data.batch_size ({self.data.batch_size}); "
+            "pick a divisor or change the batch size",
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -1,7 +1,8 @@
 """Metric loggers. The trainer calls `log(metrics, step)` and `close()`, and knows nothing else.
 
 `TensorBoardLogger` writes event files to the run dir; `NullLogger` drops everything (tests, and
-ranks other than 0 under torchrun).
+ranks other than 0 under torchrun). Besides scalars there are images (`log_image`) and one hparams
+session (`log_hparams`: the config with the final metrics, for comparing runs side by side).
 """
 
 from pathlib import Path
@@ -16,7 +17,7 @@ class NullLogger:
     def log_image(self, tag: str, image: torch.Tensor, step: int) -> None:
         pass
 
-    def log_hparams(self, hparams: dict, metrics: dict[str, float]) -> None:
+    def log_hparams(self, hparams: dict, metrics: dict[str, float], step: int = 0) -> None:
         pass
 
     def close(self) -> None:
@@ -39,8 +40,9 @@ class TensorBoardLogger(NullLogger):
         self.writer.add_image(tag, image, step)
         self.writer.flush()
 
-    def log_hparams(self, hparams: dict, metrics: dict[str, float]) -> None:
-        self.writer.add_hparams(hparams, metrics, run_name=".")
+    def log_hparams(self, hparams: dict, metrics: dict[str, float], step: int = 0) -> None:
+        """One hparams session for the run: its config beside its final metrics, at the last `step`."""
+        self.writer.add_hparams(hparams, metrics, run_name=".", global_step=step)
         self.writer.flush()
 
     def close(self) -> None:

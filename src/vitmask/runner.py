@@ -8,7 +8,8 @@ from pathlib import Path
 
 import torch
 
-from vitmask.checkpoint import load_checkpoint
+from vitmask import distributed
+from vitmask.checkpoint import latest_checkpoint, load_checkpoint, remove_stale_temps
 from vitmask.config import Config, config_from_dict, dump_config, load_config
 from vitmask.data import SPLITS, load_splits
 from vitmask.errors import UserError
@@ -27,8 +28,8 @@ def resolve_config(config: Path | None, overrides: list[str], state: dict | None
     raise UserError("no config given; pass --config PATH (for example configs/default.yaml)")
 
 
-def _prepare_run_dir(run_dir: Path, resuming: bool) -> None:
-    if not resuming and run_dir.exists() and any(run_dir.iterdir()):
+def _prepare_run_dir(run_dir: Path, may_exist: bool) -> None:
+    if not may_exist and run_dir.exists() and any(run_dir.iterdir()):
         raise UserError(
             f"run dir {run_dir} already exists and is not empty; continue it with --resume auto, "
             "or start a new run with --run-dir DIR"
@@ -49,29 +50,43 @@ def train(
     resume: str | None,
     device_name: str,
 ) -> tuple[Path, dict[str, float]]:
-    """Start or continue a run. Returns the run dir and the final validation metrics."""
-    device = resolve_device(device_name)
-    state = None
-    if resume is not None and resume != "auto":
-        state = load_checkpoint(resume)
-    cfg = resolve_config(config, overrides, state)
-    if run_dir is None:
-        run_dir = Path(resume).parent if state is not None else Path("runs") / cfg.name
-    if resume == "auto" and (run_dir / "last.pt").is_file():
-        state = load_checkpoint(run_dir / "last.pt")
-    _prepare_run_dir(run_dir, resuming=state is not None)
-    splits = load_splits(cfg)
-    trainer = Trainer(cfg, splits, device)
-    if state is not None:
-        trainer.load_state_dict(state)
-        print(f"resuming {run_dir} from step {trainer.step}")
-    (run_dir / "config.yaml").write_text(dump_config(cfg))
-    trainer.logger = TensorBoardLogger(run_dir)
+    """Start or continue a run. Returns the run dir and the final validation metrics.
+
+    `resume` is a checkpoint path, or "auto": the newest checkpoint in the run dir, or a fresh start
+    when it has none. Under torchrun every rank trains; only rank 0 writes the run dir.
+    """
+    world, device = distributed.init(resolve_device(device_name))
     try:
-        val = trainer.fit(run_dir)
+        state = None
+        if resume is not None and resume != "auto":
+            state = load_checkpoint(resume)
+            run_dir = run_dir or Path(resume).parent
+        if resume == "auto" and run_dir is not None and (latest := latest_checkpoint(run_dir)) is not None:
+            state = load_checkpoint(latest)
+        cfg = resolve_config(config, overrides, state)
+        if run_dir is None:  # --resume auto with a config: the config names the run dir
+            run_dir = Path("runs") / cfg.name
+            if resume == "auto" and (latest := latest_checkpoint(run_dir)) is not None:
+                state = load_checkpoint(latest)
+        if world.main:
+            _prepare_run_dir(run_dir, may_exist=state is not None or resume == "auto")
+            remove_stale_temps(run_dir)
+        splits = load_splits(cfg)
+        logger = TensorBoardLogger(run_dir) if world.main else None
+        trainer = Trainer(cfg, splits, device, logger=logger, world=world)
+        if state is not None:
+            trainer.load_state_dict(state)
+            if world.main:
+                print(f"resuming {run_dir} from step {trainer.step}")
+        if world.main:
+            (run_dir / "config.yaml").write_text(dump_config(cfg))
+        try:
+            val = trainer.fit(run_dir)
+        finally:
+            trainer.close()
+        return run_dir, val
     finally:
-        trainer.close()
-    return run_dir, val
+        distributed.shutdown()
 
 
 def load_model(path: Path, device: torch.device) -> tuple[MaskedPatchViT, Config, dict]:

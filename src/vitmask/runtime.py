@@ -1,12 +1,22 @@
-"""Device and randomness, decided once per process."""
+"""Device, precision, compilation and randomness, decided once per process.
 
+Precision: fp32 runs as is; bf16 runs the forward pass under `torch.autocast`; fp16 adds a
+`GradScaler` and needs CUDA. On CPU the autocast context is `nullcontext()` for fp32, so no
+`torch.cuda` call is made on a CPU path.
+"""
+
+import contextlib
+import os
 import random
+import shutil
 
+import numpy as np
 import torch
 
 from vitmask.errors import UserError
 
 DEVICES = ("auto", "cpu", "cuda")
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def resolve_device(name: str) -> torch.device:
@@ -20,14 +30,69 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
+    """The context the forward pass runs in: autocast for bf16/fp16, nothing for fp32."""
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=DTYPES[precision])
+
+
+def check_precision(precision: str, device: torch.device) -> None:
+    if precision == "fp16" and device.type != "cuda":
+        raise UserError(
+            "train.precision=fp16 needs a CUDA GPU (fp16 autocast with a GradScaler); "
+            "on CPU use --set train.precision=bf16 or fp32"
+        )
+    if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise UserError("train.precision=bf16 is not supported by this GPU; use --set train.precision=fp16 or fp32")
+
+
+def grad_scaler(precision: str, device: torch.device) -> torch.amp.GradScaler:
+    """A GradScaler that scales only for fp16; for fp32/bf16 it is disabled and passes through."""
+    return torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+
+
+def check_compile(device: torch.device) -> None:
+    """Raise a UserError when torch.compile cannot work here (before any compilation is tried)."""
+    if not torch._dynamo.is_dynamo_supported():
+        raise UserError("train.compile=true, but torch.compile is not supported here; use --set train.compile=false")
+    if device.type == "cpu":
+        from torch._inductor import config as inductor_config
+
+        candidates = [c for c in inductor_config.cpp.cxx if c]
+        if not any(shutil.which(c) for c in candidates):
+            raise UserError(
+                f"train.compile=true on CPU needs a C++ compiler ({', '.join(candidates)}) and none was found; "
+                "install one, set CXX, or use --set train.compile=false"
+            )
+
+
 def seed_everything(seed: int) -> None:
+    """Seed Python's, NumPy's and torch's generators (torch.manual_seed seeds CUDA too)."""
     random.seed(seed)
-    torch.manual_seed(seed)  # seeds CUDA too
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def set_deterministic(on: bool) -> None:
+    """Ask torch for deterministic algorithms (and cuBLAS for a fixed workspace) when `on`."""
+    if on:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(on)
+    torch.backends.cudnn.benchmark = False
 
 
 def rng_state() -> dict:
     """The global RNG states, as plain data for a checkpoint."""
-    state = {"torch": torch.get_rng_state(), "python": list(random.getstate()[1]), "python_pos": random.getstate()[2]}
+    py = random.getstate()
+    np_state = np.random.get_state()
+    state = {
+        "torch": torch.get_rng_state(),
+        "python": list(py[1]),
+        "python_pos": py[2],
+        "numpy": torch.from_numpy(np_state[1].astype(np.int64)),
+        "numpy_pos": int(np_state[2]),
+    }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -36,5 +101,7 @@ def rng_state() -> dict:
 def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
     random.setstate((3, tuple(state["python"]), state["python_pos"]))
+    if "numpy" in state:
+        np.random.set_state(("MT19937", state["numpy"].numpy().astype(np.uint32), state["numpy_pos"], 0, 0.0))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])

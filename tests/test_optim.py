@@ -1,0 +1,169 @@
+"""Optimisation: no-decay groups, the LR schedule, clipping, accumulation, precision, compile interop."""
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from vitmask.config import config_from_dict
+from vitmask.data import load_splits
+from vitmask.optim import lr_factor, param_groups
+from vitmask.train import Trainer, bit_hits
+
+from .conftest import TINY
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One intra-op thread: on a small shared CPU box, two threads per process mostly wait on each other."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+def tiny(seed: int = 0, **train):
+    raw = {k: (dict(v) if isinstance(v, dict) else v) for k, v in TINY.items()}
+    raw["train"].update(train)
+    return config_from_dict({**raw, "seed": seed})
+
+
+class Recorder:
+    """A logger that keeps every scalar it is given."""
+
+    def __init__(self):
+        self.rows: list[tuple[int, dict]] = []
+
+    def log(self, metrics, step):
+        self.rows.append((step, dict(metrics)))
+
+    def log_image(self, tag, image, step):
+        pass
+
+    def log_hparams(self, hparams, metrics, step=0):
+        pass
+
+    def close(self):
+        pass
+
+
+def test_weight_decay_skips_biases_norms_pos_and_mask_token():
+    class Toy(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 3)
+            self.norm = nn.LayerNorm(3)
+            self.pos = nn.Parameter(torch.zeros(5, 3))
+            self.mask_token = nn.Parameter(torch.zeros(1, 3))
+            self.head = nn.Linear(3, 2, bias=False)
+
+    toy = Toy()
+    decay, no_decay = param_groups(toy, 0.1)
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    ids = lambda ps: {id(p) for p in ps}  # noqa: E731
+    assert ids(decay["params"]) == ids([toy.fc.weight, toy.head.weight])
+    assert ids(no_decay["params"]) == ids([toy.fc.bias, toy.norm.weight, toy.norm.bias, toy.pos, toy.mask_token])
+
+
+def test_the_real_model_decays_only_its_weight_matrices():
+    trainer = Trainer(tiny(optimizer="adamw", weight_decay=0.05), load_splits(tiny()), torch.device("cpu"))
+    names = {id(p): n for n, p in trainer.model.named_parameters()}
+    decay, no_decay = trainer.optimizer.param_groups
+    assert isinstance(trainer.optimizer, torch.optim.AdamW)
+    assert all(names[id(p)].endswith("weight") and p.ndim == 2 for p in decay["params"])
+    assert "pos" in {names[id(p)] for p in no_decay["params"]}
+    assert all(p.ndim < 2 or names[id(p)] == "pos" for p in no_decay["params"])
+    assert decay["weight_decay"] == 0.05 and no_decay["weight_decay"] == 0.0
+
+
+def test_warmup_then_cosine_reaches_min_lr():
+    t = tiny(lr=1.0, warmup_steps=2, max_steps=6, schedule="cosine", min_lr=0.1).train
+    # by hand: warmup 1/2, 2/2; then 0.1 + 0.9 * (1 + cos(pi * k / 3)) / 2 for k = 0..3
+    expected = [0.5, 1.0, 1.0, 0.775, 0.325, 0.1]
+    assert [lr_factor(s, t) for s in range(6)] == pytest.approx(expected)
+    flat = tiny(lr=1.0, warmup_steps=3, max_steps=6).train
+    assert [lr_factor(s, flat) for s in range(6)] == pytest.approx([1 / 3, 2 / 3, 1, 1, 1, 1])
+
+
+def test_the_optimizer_uses_the_scheduled_lr_at_every_step():
+    cfg = tiny(lr=0.01, warmup_steps=2, max_steps=5, schedule="cosine", min_lr=0.001, log_every=1, eval_every=100)
+    seen = []
+    trainer = Trainer(cfg, load_splits(cfg), torch.device("cpu"), logger=Recorder())
+    trainer.optimizer.register_step_pre_hook(lambda opt, a, k: seen.append(opt.param_groups[0]["lr"]))
+    trainer.fit(progress=False)
+    want = [0.01 * lr_factor(s, cfg.train) for s in range(5)]
+    assert seen == pytest.approx(want)
+    logged = [m["train/lr"] for _, m in trainer.logger.rows if "train/lr" in m]
+    assert logged == pytest.approx(want)
+
+
+def test_clipping_bounds_the_gradient_the_optimizer_sees_and_logs_the_raw_norm():
+    cfg = tiny(grad_clip=0.05)
+    trainer = Trainer(cfg, load_splits(cfg), torch.device("cpu"))
+    norms = []
+    params = list(trainer.model.parameters())
+    trainer.optimizer.register_step_pre_hook(
+        lambda *_: norms.append(math.sqrt(sum(float(p.grad.pow(2).sum()) for p in params)))
+    )
+    batch = trainer.sampler.sample()
+    # the raw norm, computed independently on a copy of the model
+    ref = Trainer(cfg, load_splits(cfg), torch.device("cpu"))
+    logits = ref.model(batch.patches, batch.mask, batch.ids)
+    nn.functional.cross_entropy(logits.flatten(0, 1), batch.targets.gather(1, batch.ids).flatten()).backward()
+    raw = math.sqrt(sum(float(p.grad.pow(2).sum()) for p in ref.model.parameters()))
+    out = trainer.train_step(batch)
+    assert float(out["grad_norm"]) == pytest.approx(raw, rel=1e-5)
+    assert raw > 0.05 and norms[0] == pytest.approx(0.05, rel=1e-4)
+
+
+def test_accumulating_four_micro_batches_gives_the_full_batch_gradient():
+    cfg1, cfg4 = tiny(), tiny(accum_steps=4)
+    splits = load_splits(cfg1)
+    a = Trainer(cfg1, splits, torch.device("cpu"))
+    b = Trainer(cfg4, splits, torch.device("cpu"))
+    grads = {}
+    for name, t in (("a", a), ("b", b)):
+        hook = lambda opt, *_, n=name, m=t.model: grads.__setitem__(n, [p.grad.clone() for p in m.parameters()])  # noqa: E731
+        t.optimizer.register_step_pre_hook(hook)
+    batch = a.sampler.sample()
+    la, lb = a.train_step(batch)["loss"], b.train_step(batch)["loss"]
+    assert float(la) == pytest.approx(float(lb), abs=1e-6)
+    for (name, _), ga, gb in zip(a.model.named_parameters(), grads["a"], grads["b"], strict=True):
+        torch.testing.assert_close(ga, gb, atol=1e-6, rtol=1e-4, msg=name)
+
+
+def test_bf16_autocast_runs_the_forward_in_bf16_and_keeps_fp32_weights():
+    cfg = tiny(precision="bf16")
+    trainer = Trainer(cfg, load_splits(cfg), torch.device("cpu"))
+    dtypes = []
+    trainer.model.head.register_forward_hook(lambda m, i, o: dtypes.append(o.dtype))
+    out = trainer.train_step(trainer.sampler.sample())
+    assert dtypes == [torch.bfloat16]
+    assert math.isfinite(float(out["loss"]))
+    assert all(p.dtype == torch.float32 for p in trainer.model.parameters())
+
+
+def test_compiled_and_plain_models_share_checkpoints():
+    splits = load_splits(tiny())
+    compiled = Trainer(tiny(compile=True), splits, torch.device("cpu"))
+    assert compiled.net is not compiled.model  # the step calls the torch.compile wrapper
+    assert all(k.startswith("_orig_mod.") for k in compiled.net.state_dict())
+    plain = Trainer(tiny(seed=1), splits, torch.device("cpu"))
+    state = compiled.state_dict()
+    assert not any(k.startswith("_orig_mod.") for k in state["model"])
+    plain.load_state_dict(state)  # compiled -> plain
+    for k, v in compiled.model.state_dict().items():
+        assert torch.equal(plain.model.state_dict()[k], v), k
+    other = Trainer(tiny(seed=2), splits, torch.device("cpu"))
+    prefixed = {**other.state_dict(), "model": torch.compile(other.model).state_dict()}
+    compiled.load_state_dict(prefixed)  # keys written by a compiled module load too
+    for k, v in other.model.state_dict().items():
+        assert torch.equal(compiled.model.state_dict()[k], v), k
+
+
+def test_bit_hits_counts_equal_bits_of_two_classes():
+    pred = torch.tensor([[0b1010, 0b1111]])
+    target = torch.tensor([[0b1000, 0b0000]])
+    # 1010 vs 1000: 3 equal bits; 1111 vs 0000: none
+    assert int(bit_hits(pred, target, 4)) == 3
