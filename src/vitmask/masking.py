@@ -70,7 +70,8 @@ def block_mask(
     uniform position on the grid. A patch is ranked by the round that first covered it, and within
     that round by its distance from the rectangle's centre; the first `num_mask` in that order are
     masked. So every earlier rectangle is kept whole, the one that overshoots is trimmed to the
-    patches nearest its centre, and if the rounds cover too few, random patches make up the rest.
+    patches nearest its centre, and if the rounds cover too few, the rest is taken from patches
+    next to the rectangles (most covered neighbours first, ties at random).
     `rounds` = 0 picks ceil(M / min_patches) + 4 (at most 32): more rounds barely change the masks.
 
     Returns ids (B, M) int64 and mask (B, N) bool, True = masked, like `random_mask`.
@@ -82,8 +83,7 @@ def block_mask(
     coord = torch.arange(grid, device=device, dtype=torch.float32)
     rows, cols = coord.view(1, grid, 1), coord.view(1, 1, grid)  # (1, g, 1), (1, 1, g)
     log_lo, log_hi = math.log(aspect[0]), math.log(aspect[1])
-    # rank key: round index + distance in [0, 1); never-covered patches get rounds + noise
-    key = rounds + rand(batch, grid, grid)  # (B, g, g)
+    key = torch.zeros(batch, grid, grid, device=device)  # (B, g, g) rank: round + distance in [0, 1)
     covered = torch.zeros(batch, grid, grid, dtype=torch.bool, device=device)  # (B, g, g)
     for r in range(rounds):
         missing = (num_mask - covered.sum((1, 2))).clamp_min(0).float()  # (B,)
@@ -100,6 +100,11 @@ def block_mask(
         dist = torch.hypot(rows - (top + (h - 1) / 2), cols - (left + (w - 1) / 2))  # (B, g, g)
         key = torch.where(new, r + dist / (dist.amax((1, 2), keepdim=True) + 1), key)
         covered |= new
+    # patches no rectangle covered rank last, those with more covered 4-neighbours first, so a
+    # shortfall grows the rectangles' edges instead of scattering single patches
+    c = torch.nn.functional.pad(covered.float(), (1, 1, 1, 1))  # (B, g + 2, g + 2)
+    near = c[:, :-2, 1:-1] + c[:, 2:, 1:-1] + c[:, 1:-1, :-2] + c[:, 1:-1, 2:]  # (B, g, g) in 0..4
+    key = torch.where(covered, key, rounds + (4 - near + rand(batch, grid, grid)) / 5)
     ids = key.view(batch, n).argsort(dim=1)[:, :num_mask]  # (B, M)
     mask = torch.zeros(batch, n, dtype=torch.bool, device=device)  # (B, N)
     mask.scatter_(1, ids, True)
