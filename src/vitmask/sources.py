@@ -98,10 +98,11 @@ def read_torchvision(cfg: DataConfig) -> dict[str, Raw]:
                 f"torchvision dataset {cfg.name} not found under {root} and data.download is false; "
                 f"set data.download=true to fetch it, or point data.path at the root that holds {cfg.name}/"
             ) from None
-        raise UserError(f"could not load torchvision dataset {cfg.name} into {root} ({e}); check data.path") from None
+        why = " ".join(str(e).split())  # one line
+        raise UserError(f"could not load torchvision dataset {cfg.name} into {root} ({why}); check data.path") from None
     except OSError as e:  # no network, a refused connection, a full disk
         raise UserError(
-            f"could not download torchvision dataset {cfg.name} into {root} ({e.__class__.__name__}: {e}); "
+            f"could not download torchvision dataset {cfg.name} into {root} ({e.__class__.__name__}); "
             "check the network, or fetch the files by hand and set data.download=false"
         ) from None
     if cfg.name == "Omniglot":  # PNG files behind a per-item API: a loop at load time, not in the hot path
