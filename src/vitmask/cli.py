@@ -97,6 +97,19 @@ def config_cmd(config: Path = ConfigOpt, overrides: list[str] = SetOpt) -> None:
     print(dump_config(runner.resolve_config(config, overrides)), end="")
 
 
+@app.command()
+def preview(
+    config: Path = ConfigOpt,
+    overrides: list[str] = SetOpt,
+    out: Path = typer.Option(Path("preview.png"), "--out", help="The PNG grid to write."),
+    count: int = typer.Option(16, "--count", help="Training images in the grid."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the sample and its masks."),
+) -> None:
+    """Write a PNG grid of sample images with their masks, and print the dataset's statistics."""
+    print(runner.preview(config, overrides, out, count, seed))
+    print(f"wrote {out}")
+
+
 def main(argv: list[str] | None = None) -> None:
     try:
         rv = app(args=argv, prog_name="vitmask", standalone_mode=False)

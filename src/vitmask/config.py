@@ -30,10 +30,22 @@ def _choice(value: Any, key: str, choices: tuple) -> None:
     _check(value in choices, key, f"must be one of {', '.join(map(str, choices))}, got {value!r}")
 
 
+SOURCES = ("shapes", "torchvision", "idx", "folder", "npz")
+TORCHVISION_NAMES = ("MNIST", "FashionMNIST", "KMNIST", "EMNIST", "QMNIST", "Omniglot")
+EMNIST_SPLITS = ("byclass", "bymerge", "balanced", "letters", "digits", "mnist")
+
+
 @dataclass(frozen=True)
 class DataConfig:
-    source: str = "shapes"  # where images come from: shapes (built in, procedural)
-    path: str = "data"  # root folder of a dataset on disk (unused by shapes)
+    source: str = "shapes"  # where images come from: shapes | torchvision | idx | folder | npz (see README, Data)
+    path: str = "data"  # torchvision: root; idx, folder: a directory; npz: a .npz file (unused by shapes)
+    name: str = "MNIST"  # torchvision: MNIST | FashionMNIST | KMNIST | EMNIST | QMNIST | Omniglot
+    emnist_split: str = "balanced"  # torchvision EMNIST: byclass | bymerge | balanced | letters | digits | mnist
+    download: bool = False  # torchvision: fetch the dataset into path when it is not there
+    npz_key: str = "images"  # npz: the archive's key of the image array, (n, H, W) or (n, H, W, C)
+    bad_files: str = "skip"  # folder: unreadable image files are skipped (count on stderr) | fail
+    val_fraction: float = 0.1  # share held out for validation (of the train split where a source has one)
+    test_fraction: float = 0.1  # share held out for testing, where a source has no test split of its own
     image_size: int = 32  # images are square, image_size x image_size pixels
     patch_size: int = 2  # patches are patch_size x patch_size pixels; 2^(p*p) token classes
     batch_size: int = 128  # images per optimisation step (the global batch)
@@ -45,7 +57,19 @@ class DataConfig:
     invert: bool = False  # swap foreground and background after thresholding
 
     def __post_init__(self) -> None:
-        _choice(self.source, "data.source", ("shapes",))
+        _choice(self.source, "data.source", SOURCES)
+        _choice(self.name, "data.name", TORCHVISION_NAMES)
+        _choice(self.emnist_split, "data.emnist_split", EMNIST_SPLITS)
+        _choice(self.bad_files, "data.bad_files", ("skip", "fail"))
+        for k in ("val_fraction", "test_fraction"):
+            v = getattr(self, k)
+            _check(0.0 < v < 1.0, f"data.{k}", f"must be in (0, 1), got {v}")
+        _check(
+            self.val_fraction + self.test_fraction < 1.0,
+            "data.val_fraction",
+            f"+ data.test_fraction must be < 1 (nothing would be left to train on), got {self.val_fraction}"
+            f" + {self.test_fraction}",
+        )
         _check(self.patch_size >= 1, "data.patch_size", "must be >= 1")
         _check(self.patch_size <= 4, "data.patch_size", "must be <= 4 (2^16 token classes at most)")
         _check(self.image_size >= 1, "data.image_size", "must be >= 1")
@@ -82,12 +106,29 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class MaskConfig:
-    ratio: float = 0.5  # share of patches masked per image; exactly round(ratio * N) are masked
-    fill: float = 0.5  # value the pixels of masked patches are replaced with (the seed's scheme)
+    strategy: str = "random"  # random: patches drawn uniformly | block: BEiT-style rectangles of patches
+    ratio: float = 0.5  # share of patches masked per image (exactly round(ratio * N)); validation always uses it
+    ratio_range: tuple[float, float] | None = None  # [min, max]: training draws one ratio per batch from it
+    block_min_patches: int = 16  # block: smallest rectangle, in patches (BEiT: 16)
+    block_aspect: tuple[float, float] = (0.3, 3.3)  # block: range of a rectangle's height/width (BEiT: 0.3, 1/0.3)
+    fill: float | str = 0.5  # what the model sees for a masked patch: a pixel value in [0, 1] (the seed's
+    # scheme: its pixels are replaced by it) or "learned" (its embedding is replaced by a trained vector)
 
     def __post_init__(self) -> None:
+        _choice(self.strategy, "mask.strategy", ("random", "block"))
         _check(0.0 < self.ratio < 1.0, "mask.ratio", f"must be in (0, 1), got {self.ratio}")
-        _check(0.0 <= self.fill <= 1.0, "mask.fill", f"must be in [0, 1], got {self.fill}")
+        if self.ratio_range is not None:
+            lo, hi = self.ratio_range
+            _check(
+                0.0 < lo <= hi < 1.0, "mask.ratio_range", f"must be [min, max] with 0 < min <= max < 1, got {[lo, hi]}"
+            )
+        _check(self.block_min_patches >= 1, "mask.block_min_patches", "must be >= 1")
+        lo, hi = self.block_aspect
+        _check(0.0 < lo <= hi, "mask.block_aspect", f"must be [min, max] with 0 < min <= max, got {[lo, hi]}")
+        if isinstance(self.fill, str):
+            _check(self.fill == "learned", "mask.fill", f"must be a number in [0, 1] or 'learned', got {self.fill!r}")
+        else:
+            _check(0.0 <= self.fill <= 1.0, "mask.fill", f"must be in [0, 1] or 'learned', got {self.fill}")
 
 
 @dataclass(frozen=True)

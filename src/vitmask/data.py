@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 import torch
 
-from vitmask import shapes
+from vitmask import shapes, sources
 from vitmask.config import Config
-from vitmask.masking import num_masked, random_mask
+from vitmask.masking import draw_mask, num_masked
 from vitmask.patches import patches_to_classes, patchify
 
 SPLITS = ("train", "val", "test")
@@ -21,7 +21,9 @@ SPLITS = ("train", "val", "test")
 def load_splits(cfg: Config) -> dict[str, torch.Tensor]:
     """The train/val/test images of the configured source, (n, H, W) uint8 in {0, 1}, on the CPU."""
     d = cfg.data
-    return shapes.make_splits(d.num_train, d.num_val, d.num_test, d.image_size, cfg.seed)
+    if d.source == "shapes":
+        return shapes.make_splits(d.num_train, d.num_val, d.num_test, d.image_size, cfg.seed)
+    return sources.load_source_splits(d, cfg.seed)
 
 
 @dataclass
@@ -43,6 +45,10 @@ class BatchSampler:
 
     Every rank draws the same global batch (indices and masks) and keeps its own contiguous shard,
     so the ranks see disjoint images and a world of any size follows the same data stream.
+
+    With `mask.ratio_range`, the count M of masked patches is drawn once per batch, uniformly from
+    the counts the range allows, by a CPU generator of the sampler's own: reading it back costs no
+    device sync, every rank draws the same M, and its state is saved with the sampler's.
     """
 
     def __init__(self, images: torch.Tensor, cfg: Config, rank: int = 0, world: int = 1):
@@ -50,33 +56,47 @@ class BatchSampler:
         self.patch_size = cfg.data.patch_size
         self.global_batch = cfg.data.batch_size
         self.num_patches = cfg.data.num_patches
+        self.grid = cfg.data.grid
+        self.mask_cfg = cfg.mask
         self.num_mask = num_masked(self.num_patches, cfg.mask.ratio)
+        lo, hi = cfg.mask.ratio_range or (cfg.mask.ratio, cfg.mask.ratio)
+        self.mask_counts = (num_masked(self.num_patches, lo), num_masked(self.num_patches, hi))
         per_rank = self.global_batch // world
         self.shard = slice(rank * per_rank, (rank + 1) * per_rank)
         self.generator = torch.Generator(device=images.device).manual_seed(cfg.seed + 1)
+        self.count_generator = torch.Generator().manual_seed(cfg.seed + 2)  # CPU: M per batch
+
+    def next_num_mask(self) -> int:
+        """M for the next batch: fixed, or uniform over the counts of mask.ratio_range."""
+        lo, hi = self.mask_counts
+        if lo == hi:
+            return lo
+        return int(torch.randint(lo, hi + 1, (1,), generator=self.count_generator))  # CPU, no device sync
 
     def sample(self) -> Batch:
         dev = self.images.device
         idx = torch.randint(len(self.images), (self.global_batch,), generator=self.generator, device=dev)
-        ids, mask = random_mask(self.global_batch, self.num_patches, self.num_mask, self.generator, dev)
+        m = self.next_num_mask()
+        ids, mask = draw_mask(self.mask_cfg, self.global_batch, self.grid, m, self.generator, dev)  # (B, M), (B, N)
         s = self.shard
         return make_batch(self.images[idx[s]], self.patch_size, ids[s], mask[s])
 
     def state_dict(self) -> dict:
-        return {"generator": self.generator.get_state()}
+        return {"generator": self.generator.get_state(), "count_generator": self.count_generator.get_state()}
 
     def load_state_dict(self, state: dict) -> None:
         self.generator.set_state(state["generator"])
+        if "count_generator" in state:  # absent from checkpoints written before ratio ranges
+            self.count_generator.set_state(state["count_generator"])
 
 
 def eval_batches(images: torch.Tensor, cfg: Config, ratio: float, seed: int, batch_size: int):
-    """Yield Batches covering `images` in order, with masks drawn from a generator seeded by `seed`,
-    so the same split, ratio and seed always give the same masks."""
+    """Yield Batches covering `images` in order, with masks of the configured strategy drawn from a
+    generator seeded by `seed`, so the same split, ratio and seed always give the same masks."""
     dev = images.device
     g = torch.Generator(device=dev).manual_seed(seed)
-    n_patches = cfg.data.num_patches
-    m = num_masked(n_patches, ratio)
+    m = num_masked(cfg.data.num_patches, ratio)
     for start in range(0, len(images), batch_size):
         chunk = images[start : start + batch_size]
-        ids, mask = random_mask(len(chunk), n_patches, m, g, dev)
+        ids, mask = draw_mask(cfg.mask, len(chunk), cfg.data.grid, m, g, dev)  # (B, M), (B, N)
         yield make_batch(chunk, cfg.data.patch_size, ids, mask)

@@ -4,9 +4,18 @@ Convention (as in MAE's `random_masking`): a boolean mask of shape (B, N) with T
 plus the indices of the masked patches, (B, M). Every image in a batch hides exactly
 M = round(ratio * N) patches (Python's round), clamped to [1, N - 1], so every shape is static
 and the loss needs no boolean indexing.
+
+Two strategies (`mask.strategy`): `random` draws the M patches uniformly; `block` (BEiT) covers
+rectangles of patches until M are covered, then keeps exactly M. Both are batched tensor ops.
+
+Shapes: B batch, N = g * g patches on a g x g grid, M masked patches per image.
 """
 
+import math
+
 import torch
+
+from vitmask.config import MaskConfig
 
 
 def num_masked(num_patches: int, ratio: float) -> int:
@@ -42,3 +51,75 @@ def mask_to_ids(mask: torch.Tensor) -> torch.Tensor:
 def apply_fill(patches: torch.Tensor, mask: torch.Tensor, fill: float) -> torch.Tensor:
     """(B, N, P) float pixels, (B, N) mask -> (B, N, P) with masked patches set to `fill`."""
     return patches.masked_fill(mask.unsqueeze(-1), fill)
+
+
+def block_mask(
+    batch: int,
+    grid: int,
+    num_mask: int,
+    min_patches: int = 16,
+    aspect: tuple[float, float] = (0.3, 3.3),
+    generator: torch.Generator | None = None,
+    device: torch.device | str = "cpu",
+    rounds: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Hide exactly `num_mask` patches per image in rectangles of patches, as in BEiT.
+
+    Each round draws one rectangle per image, for every image at once: an area between
+    `min_patches` and the count still missing, a height/width ratio log-uniform in `aspect`, and a
+    uniform position on the grid. A patch is ranked by the round that first covered it, and within
+    that round by its distance from the rectangle's centre; the first `num_mask` in that order are
+    masked. So every earlier rectangle is kept whole, the one that overshoots is trimmed to the
+    patches nearest its centre, and if the rounds cover too few, the rest is taken from patches
+    next to the rectangles (most covered neighbours first, ties at random).
+    `rounds` = 0 picks ceil(M / min_patches) + 4 (at most 32): more rounds barely change the masks.
+
+    Returns ids (B, M) int64 and mask (B, N) bool, True = masked, like `random_mask`.
+    """
+    n = grid * grid
+    if rounds <= 0:
+        rounds = min(math.ceil(num_mask / min(min_patches, num_mask)) + 4, 32)
+    rand = lambda *shape: torch.rand(*shape, generator=generator, device=device)  # noqa: E731
+    coord = torch.arange(grid, device=device, dtype=torch.float32)
+    rows, cols = coord.view(1, grid, 1), coord.view(1, 1, grid)  # (1, g, 1), (1, 1, g)
+    log_lo, log_hi = math.log(aspect[0]), math.log(aspect[1])
+    key = torch.zeros(batch, grid, grid, device=device)  # (B, g, g) rank: round + distance in [0, 1)
+    covered = torch.zeros(batch, grid, grid, dtype=torch.bool, device=device)  # (B, g, g)
+    for r in range(rounds):
+        missing = (num_mask - covered.sum((1, 2))).clamp_min(0).float()  # (B,)
+        lo = torch.clamp(missing, max=float(min_patches))
+        area = lo + rand(batch) * (missing - lo)  # (B,) uniform in [min(missing, min_patches), missing]
+        ratio = torch.exp(log_lo + rand(batch) * (log_hi - log_lo))  # (B,) height / width
+        h = (area * ratio).sqrt().round().clamp(1, grid)  # (B,)
+        w = (area / ratio).sqrt().round().clamp(1, grid)  # (B,)
+        top = (rand(batch) * (grid - h + 1)).floor().view(-1, 1, 1)  # (B, 1, 1)
+        left = (rand(batch) * (grid - w + 1)).floor().view(-1, 1, 1)
+        h, w = h.view(-1, 1, 1), w.view(-1, 1, 1)
+        rect = (rows >= top) & (rows < top + h) & (cols >= left) & (cols < left + w)  # (B, g, g)
+        new = rect & ~covered & (missing > 0).view(-1, 1, 1)  # (B, g, g)
+        dist = torch.hypot(rows - (top + (h - 1) / 2), cols - (left + (w - 1) / 2))  # (B, g, g)
+        key = torch.where(new, r + dist / (dist.amax((1, 2), keepdim=True) + 1), key)
+        covered |= new
+    # patches no rectangle covered rank last, those with more covered 4-neighbours first, so a
+    # shortfall grows the rectangles' edges instead of scattering single patches
+    c = torch.nn.functional.pad(covered.float(), (1, 1, 1, 1))  # (B, g + 2, g + 2)
+    near = c[:, :-2, 1:-1] + c[:, 2:, 1:-1] + c[:, 1:-1, :-2] + c[:, 1:-1, 2:]  # (B, g, g) in 0..4
+    key = torch.where(covered, key, rounds + (4 - near + rand(batch, grid, grid)) / 5)
+    ids = key.view(batch, n).argsort(dim=1)[:, :num_mask]  # (B, M)
+    mask = torch.zeros(batch, n, dtype=torch.bool, device=device)  # (B, N)
+    mask.scatter_(1, ids, True)
+    return ids, mask
+
+
+def draw_mask(
+    cfg: MaskConfig,
+    batch: int,
+    grid: int,
+    num_mask: int,
+    generator: torch.Generator | None = None,
+    device: torch.device | str = "cpu",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Masks of the configured strategy: ids (B, M) int64 and mask (B, N) bool, True = masked."""
+    if cfg.strategy == "block":
+        return block_mask(batch, grid, num_mask, cfg.block_min_patches, cfg.block_aspect, generator, device)
+    return random_mask(batch, grid * grid, num_mask, generator, device)

@@ -8,6 +8,8 @@ dim, F ffn_dim, M masked patches per image, C token classes.
 The model follows seed 001: each patch's pixels (masked ones replaced by `fill`) are projected up
 to D (Z = X A_up^T + b_up), a learned positional embedding P (N, D) is added, the blocks mix the
 tokens, and a linear layer maps each token to C class logits (logits = C A_down^T + b_down).
+With `mask.fill: learned`, a masked patch's embedded token is instead a trained vector (D,), as in
+BEiT and SimMIM, before P is added.
 """
 
 import torch
@@ -88,11 +90,13 @@ class Block(nn.Module):
 class MaskedPatchViT(nn.Module):
     """Predicts the class of masked patches from the visible ones."""
 
-    def __init__(self, cfg: ModelConfig, num_patches: int, patch_dim: int, num_classes: int, fill: float):
+    def __init__(self, cfg: ModelConfig, num_patches: int, patch_dim: int, num_classes: int, fill: float | str):
         super().__init__()
         d = cfg.hidden_dim
         self.fill = fill
         self.embed = nn.Linear(patch_dim, d)  # A_up, b_up
+        if fill == "learned":
+            self.mask_token = nn.Parameter(torch.zeros(d))  # the embedding of every masked patch
         self.pos = nn.Parameter(torch.zeros(num_patches, d))  # P, learned
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.depth))
         # a pre-norm stack leaves its residual stream un-normalised: normalise once before the head
@@ -106,7 +110,7 @@ class MaskedPatchViT(nn.Module):
         - Linear weights: Xavier-uniform, which keeps activation variance steady through the
           projections (as MAE does); biases zero, so the model starts unbiased between classes.
         - The positional embedding: normal with std 0.02, small beside the patch embedding so
-          early training is driven by content.
+          early training is driven by content. The learned mask embedding likewise (as in BEiT).
         - LayerNorm: the identity (weight 1, bias 0), torch's default, left as is.
         """
         for m in self.modules():
@@ -115,15 +119,20 @@ class MaskedPatchViT(nn.Module):
                 if m.bias is not None:
                     nn.init.zeros_(m.bias)
         nn.init.normal_(self.pos, std=0.02)
+        if self.fill == "learned":
+            nn.init.normal_(self.mask_token, std=0.02)
 
     def forward(self, patches: torch.Tensor, mask: torch.Tensor, ids: torch.Tensor | None = None) -> torch.Tensor:
         """patches (B, N, P) float pixels, mask (B, N) bool (True = masked), ids (B, M) masked indices.
 
         Returns logits (B, M, C) for the patches in `ids`, or (B, N, C) for every patch if ids is None.
-        The masked patches' pixels are replaced by `fill` here, so callers pass the true pixels.
+        The masked patches' pixels are replaced by `fill` (or their tokens by the learned mask
+        embedding) here, so callers pass the true pixels.
         """
-        x = apply_fill(patches, mask, self.fill)  # (B, N, P)
-        x = self.embed(x) + self.pos  # (B, N, D)
+        if self.fill == "learned":
+            x = torch.where(mask.unsqueeze(-1), self.mask_token, self.embed(patches)) + self.pos  # (B, N, D)
+        else:
+            x = self.embed(apply_fill(patches, mask, self.fill)) + self.pos  # (B, N, D)
         for block in self.blocks:
             x = block(x)  # (B, N, D)
         if ids is not None:

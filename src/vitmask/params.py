@@ -7,6 +7,7 @@ SEED_NAMES = {
     "embed.weight": "A_up",
     "embed.bias": "b_up",
     "pos": "P",
+    "mask_token": "(learned mask embedding, not in the seed)",
     "attn.qkv.weight": "W_q, W_k, W_v",
     "attn.qkv.bias": "b_q, b_k, b_v",
     "attn.proj.weight": "W_O",

@@ -129,3 +129,12 @@ def count_params(config: Path | None, checkpoint: Path | None, overrides: list[s
     else:
         cfg = load_config(config, overrides)
     return build_model(cfg)
+
+
+def preview(config: Path | None, overrides: list[str], out: Path, count: int, seed: int) -> str:
+    """Write the preview grid of the configured data to `out`; return the statistics as text."""
+    from vitmask.preview import format_stats, write_preview
+
+    cfg = resolve_config(config, overrides)
+    stats = write_preview(load_splits(cfg), cfg, out, count, seed)
+    return format_stats(stats, cfg)
