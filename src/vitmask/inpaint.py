@@ -105,3 +105,29 @@ def fill(model: torch.nn.Module, images: torch.Tensor, mask: torch.Tensor, patch
         pix = pix.scatter(1, pick.unsqueeze(-1).expand_as(new_pix), new_pix)
         hidden = hidden.scatter(1, pick, False)
     return classes
+
+
+def fill_accuracy(
+    model: torch.nn.Module,
+    images: torch.Tensor,
+    mask: torch.Tensor,
+    patch_size: int,
+    steps: int = 1,
+    batch_size: int = 256,
+) -> dict[str, float]:
+    """Fill `images` (n, H, W) under `mask` (n, N) (the same count per row) and score the fill.
+
+    Returns acc (masked patches given their true class) and acc_nonempty (the same over masked
+    patches whose true class is not 0).
+    """
+    hit = nonempty = nonempty_hit = 0
+    for start in range(0, len(images), batch_size):
+        chunk, m = images[start : start + batch_size], mask[start : start + batch_size]  # (B, H, W), (B, N)
+        truth = patches_to_classes(patchify(chunk, patch_size))  # (B, N)
+        right = (fill(model, chunk, m, patch_size, steps) == truth) & m  # (B, N)
+        filled = (truth != 0) & m
+        hit += int(right.sum())
+        nonempty += int(filled.sum())
+        nonempty_hit += int((right & filled).sum())
+    total = int(mask.sum())
+    return {"acc": hit / total, "acc_nonempty": nonempty_hit / nonempty if nonempty else float("nan")}
