@@ -3,6 +3,8 @@
 Rows, one column per image: the original; the masked input (hidden patches grey); the prediction
 with the visible patches kept; the errors: pixels of masked patches predicted wrongly in red
 (a missing foreground pixel) or orange (a spurious one), masked patches tinted blue.
+`comparison_grid` repeats the last two rows for each of several predictions (one-shot vs
+iterative inpainting).
 
 Shapes: B images, H = W side, N patches, P pixels per patch.
 """
