@@ -88,7 +88,9 @@ def test_train_then_eval_json(tmp_path):
     assert any(p.name.startswith("events.out.tfevents") for p in run.iterdir())
     res = run_cli("eval", "--checkpoint", run / "last.pt", "--split", "test", "--json")
     assert res.returncode == 0, res.stderr
-    m = json.loads(res.stdout)
-    assert m["split"] == "test" and 0 <= m["acc"] <= 1 and m["masked_patches"] > 0
-    assert {"loss", "acc_nonempty", "majority_acc"} <= set(m)
+    report = json.loads(res.stdout)
+    assert report["split"] == "test" and len(report["results"]) == 1
+    m = report["results"][0]
+    assert m["mask_ratio"] == 0.5 and 0 <= m["acc"] <= 1 and m["masked_patches"] > 0
+    assert {"loss", "acc_nonempty", "bit_acc", "majority_acc", "per_class", "confusions", "baselines"} <= set(m)
     assert_user_error(run_cli("eval", "--checkpoint", run / "last.pt", "--mask-ratio", "1"), "--mask-ratio")

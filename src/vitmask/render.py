@@ -3,6 +3,8 @@
 Rows, one column per image: the original; the masked input (hidden patches grey); the prediction
 with the visible patches kept; the errors: pixels of masked patches predicted wrongly in red
 (a missing foreground pixel) or orange (a spurious one), masked patches tinted blue.
+`comparison_grid` repeats the last two rows for each of several predictions (one-shot vs
+iterative inpainting).
 
 Shapes: B images, H = W side, N patches, P pixels per patch.
 """
@@ -25,24 +27,48 @@ def fill_predictions(images: torch.Tensor, mask: torch.Tensor, pred: torch.Tenso
     return unpatchify(torch.where(mask.unsqueeze(-1), guess, pix), patch_size)  # (B, H, W)
 
 
-def reconstruction_grid(images: torch.Tensor, mask: torch.Tensor, pred: torch.Tensor, patch_size: int) -> torch.Tensor:
-    """(3, H', W') float image in [0, 1] of the four rows described above."""
-    images = images.detach().cpu()
-    mask, pred = mask.detach().cpu(), pred.detach().cpu()
+def _rows(images: torch.Tensor, mask: torch.Tensor, preds: list[torch.Tensor], patch_size: int) -> list[torch.Tensor]:
+    """The original, the masked input, then a filled row and an error row per prediction in `preds`,
+    each (B, 3, H, W) float in [0, 1]."""
+    images, mask = images.detach().cpu(), mask.detach().cpu()
     orig = images.float()  # (B, H, W)
     pix_mask = unpatchify(mask.unsqueeze(-1).expand(-1, -1, patch_size**2).to(torch.uint8), patch_size).bool()
     masked_in = torch.where(pix_mask, torch.full_like(orig, 0.5), orig)
-    filled = fill_predictions(images, mask, pred, patch_size).float()
     rgb = lambda g: g.unsqueeze(1).expand(-1, 3, -1, -1)  # noqa: E731 - (B, H, W) -> (B, 3, H, W)
-    err = rgb(filled).clone()
-    err += pix_mask.unsqueeze(1).float() * BLUE_TINT.view(1, 3, 1, 1)
-    missing = (filled < orig).unsqueeze(1)  # (B, 1, H, W)
-    spurious = (filled > orig).unsqueeze(1)
-    err = torch.where(missing, RED.view(1, 3, 1, 1), err)
-    err = torch.where(spurious, ORANGE.view(1, 3, 1, 1), err).clamp(0, 1)
-    rows = torch.cat([rgb(orig), rgb(masked_in), rgb(filled), err])  # (4B, 3, H, W)
-    return make_grid(rows, nrow=len(images), padding=2, pad_value=0.3)
+    rows = [rgb(orig), rgb(masked_in)]
+    for pred in preds:
+        filled = fill_predictions(images, mask, pred.detach().cpu(), patch_size).float()  # (B, H, W)
+        err = rgb(filled).clone()
+        err += pix_mask.unsqueeze(1).float() * BLUE_TINT.view(1, 3, 1, 1)
+        missing = (filled < orig).unsqueeze(1)  # (B, 1, H, W)
+        spurious = (filled > orig).unsqueeze(1)
+        err = torch.where(missing, RED.view(1, 3, 1, 1), err)
+        err = torch.where(spurious, ORANGE.view(1, 3, 1, 1), err).clamp(0, 1)
+        rows += [rgb(filled), err]
+    return rows
 
 
-def save_grid(grid: torch.Tensor, path) -> None:
+def reconstruction_grid(images: torch.Tensor, mask: torch.Tensor, pred: torch.Tensor, patch_size: int) -> torch.Tensor:
+    """(3, H', W') float image in [0, 1] of the four rows described above."""
+    return make_grid(torch.cat(_rows(images, mask, [pred], patch_size)), nrow=len(images), padding=2, pad_value=0.3)
+
+
+def comparison_grid(
+    images: torch.Tensor, mask: torch.Tensor, preds: list[torch.Tensor], patch_size: int
+) -> torch.Tensor:
+    """Like `reconstruction_grid`, with a prediction row and an error row for each of several `preds`
+    (B, N), e.g. one-shot then iterative filling: (3, H', W') float image in [0, 1]."""
+    return make_grid(torch.cat(_rows(images, mask, preds, patch_size)), nrow=len(images), padding=2, pad_value=0.3)
+
+
+def save_binary_image(image: torch.Tensor, path, scale: int = 1) -> None:
+    """(H, W) 0/1 image -> a black-and-white PNG, each pixel drawn as a scale x scale block."""
+    big = image.detach().cpu().float().repeat_interleave(scale, 0).repeat_interleave(scale, 1)  # (sH, sW)
+    save_image(big.unsqueeze(0), path)
+
+
+def save_grid(grid: torch.Tensor, path, scale: int = 1) -> None:
+    """Write a grid as PNG, each pixel drawn as a scale x scale block."""
+    if scale > 1:
+        grid = grid.repeat_interleave(scale, 1).repeat_interleave(scale, 2)  # (3, sH', sW')
     save_image(grid, path)

@@ -1,4 +1,5 @@
-"""What each CLI command does, as plain functions: run dirs, resuming, evaluating a checkpoint.
+"""What each CLI command does, as plain functions: run dirs, resuming, evaluating a checkpoint,
+reconstructions and inpainting.
 
 The CLI only parses arguments and renders results and errors; everything here is callable from
 Python and raises `UserError` for bad input.
@@ -11,11 +12,14 @@ import torch
 from vitmask import distributed
 from vitmask.checkpoint import latest_checkpoint, load_checkpoint, remove_stale_temps
 from vitmask.config import Config, config_from_dict, dump_config, load_config
-from vitmask.data import SPLITS, load_splits
+from vitmask.data import SPLITS, eval_batches, load_splits
 from vitmask.errors import UserError
-from vitmask.evaluate import class_counts, evaluate
+from vitmask.evaluate import evaluate_split
+from vitmask.inpaint import boxes_to_mask, check_patch_mask, fill, mask_image_to_pixels, parse_box, pixels_to_patches
 from vitmask.metrics_log import TensorBoardLogger
 from vitmask.model import MaskedPatchViT, build_model
+from vitmask.preprocess import binarize_images, load_image_file
+from vitmask.render import fill_predictions, reconstruction_grid, save_binary_image, save_grid
 from vitmask.runtime import resolve_device
 from vitmask.train import Trainer, check_model_state
 
@@ -104,20 +108,95 @@ def check_ratio(ratio: float) -> None:
         raise UserError(f"--mask-ratio must be strictly between 0 and 1, got {ratio}")
 
 
-def evaluate_checkpoint(
-    path: Path, split: str, ratio: float | None, device_name: str, seed: int = 0
-) -> dict[str, float]:
+def _check_split(split: str) -> None:
     if split not in SPLITS:
         raise UserError(f"unknown split '{split}'; use one of {', '.join(SPLITS)}")
-    if ratio is not None:
-        check_ratio(ratio)
+
+
+def _check_out(out: Path) -> None:
+    if out.suffix.lower() != ".png":
+        raise UserError(f"--out {out} must end in .png; pass a PNG path such as recon.png")
+    if not out.parent.is_dir():
+        raise UserError(f"the folder of --out {out} does not exist; create {out.parent} or pick another --out")
+
+
+def evaluate_checkpoint(
+    path: Path, split: str, ratios: list[float] | float | None, device_name: str, seed: int = 0
+) -> dict:
+    """The eval report of a checkpoint: the model and the baselines at each mask ratio (default: the
+    config's), on `split`, with masks drawn from `seed`."""
+    _check_split(split)
+    ratios = [ratios] if isinstance(ratios, (int, float)) else list(ratios or [])
+    for r in ratios:
+        check_ratio(r)
     device = resolve_device(device_name)
     model, cfg, _ = load_model(path, device)
-    ratio = cfg.mask.ratio if ratio is None else ratio
     splits = load_splits(cfg)
-    majority = int(class_counts(splits["train"], cfg.data.patch_size, cfg.data.num_classes).argmax())
-    metrics = evaluate(model, splits[split].to(device), cfg, ratio, seed, majority, progress=True)
-    return {"split": split, "mask_ratio": ratio, "seed": seed, **metrics}
+    images = splits[split].to(device)
+    results = evaluate_split(
+        model, cfg, splits["train"].to(device), images, ratios or [cfg.mask.ratio], seed, progress=True
+    )
+    return {
+        "checkpoint": str(path),
+        "split": split,
+        "seed": seed,
+        "images": len(images),
+        "patch_size": cfg.data.patch_size,
+        "results": results,
+    }
+
+
+def reconstruct(path: Path, out: Path, n: int, ratio: float | None, split: str, seed: int, device_name: str) -> Path:
+    """Write the reconstruction grid (the picture TensorBoard shows) of the first `n` images of `split`."""
+    _check_split(split)
+    if ratio is not None:
+        check_ratio(ratio)
+    if n < 1:
+        raise UserError(f"--n must be at least 1, got {n}")
+    _check_out(out)
+    device = resolve_device(device_name)
+    model, cfg, _ = load_model(path, device)
+    images = load_splits(cfg)[split][:n].to(device)
+    ratio = cfg.mask.ratio if ratio is None else ratio
+    batch = next(eval_batches(images, cfg, ratio, seed, len(images)))
+    with torch.inference_mode():
+        pred = model(batch.patches, batch.mask).argmax(-1)  # (n, N)
+    save_grid(reconstruction_grid(images, batch.mask, pred, cfg.data.patch_size), out, scale=4)
+    return out
+
+
+def inpaint(
+    path: Path,
+    image: Path,
+    boxes: list[str],
+    mask_path: Path | None,
+    out: Path,
+    iterative: bool,
+    steps: int,
+    device_name: str,
+) -> dict:
+    """Fill the patches of a user's image under the boxes and/or mask image; write the filled image."""
+    if not boxes and mask_path is None:
+        raise UserError("nothing to fill; pass --box x0,y0,x1,y1 (repeatable) or --mask mask.png")
+    if steps < 1:
+        raise UserError(f"--steps must be at least 1, got {steps}")
+    _check_out(out)
+    device = resolve_device(device_name)
+    model, cfg, _ = load_model(path, device)
+    d = cfg.data
+    gray = load_image_file(image)  # (h, w) uint8
+    picture = binarize_images(gray.unsqueeze(0), d)  # (1, S, S) the training preprocessing
+    pix = boxes_to_mask([parse_box(b, d.image_size) for b in boxes], d.image_size)  # (S, S)
+    if mask_path is not None:
+        pix |= mask_image_to_pixels(load_image_file(mask_path), tuple(gray.shape), d)
+    mask = pixels_to_patches(pix, d.patch_size)  # (N,)
+    check_patch_mask(mask)
+    mask = mask.unsqueeze(0).to(device)  # (1, N)
+    picture = picture.to(device)
+    classes = fill(model, picture, mask, d.patch_size, steps if iterative else 1)  # (1, N)
+    filled = fill_predictions(picture, mask, classes, d.patch_size)[0]  # (S, S)
+    save_binary_image(filled, out)
+    return {"out": str(out), "filled_patches": int(mask.sum()), "patches": mask.numel(), "image_size": d.image_size}
 
 
 def count_params(config: Path | None, checkpoint: Path | None, overrides: list[str]) -> MaskedPatchViT:

@@ -1,0 +1,133 @@
+"""Inpainting: which patches to fill (boxes or a mask image), and filling them with a model.
+
+Boxes are `x0,y0,x1,y1` in pixel coordinates of the preprocessed image (image_size x image_size,
+after fitting and binarizing): x is the column, y the row, (0, 0) the top-left pixel, x0/y0
+inclusive and x1/y1 exclusive, as in a Python slice. A box masks every patch it touches. A mask
+image is read in the coordinates of the user's original image, fitted like the image, and masks
+every patch holding at least one of its white pixels (gray level >= 128).
+
+Filling is one-shot (every masked patch gets its most likely class at once) or iterative in the
+MaskGIT style: over `steps` rounds, the most confident predictions are fixed first and shown to the
+model as visible patches, and the rest are predicted again; the number still hidden after round t
+follows MaskGIT's cosine schedule, M * cos(pi/2 * t / steps).
+
+Shapes: B images, H = W side, N patches, P pixels per patch, M masked patches per image, C classes.
+"""
+
+import math
+
+import torch
+
+from vitmask.config import DataConfig
+from vitmask.errors import UserError
+from vitmask.patches import classes_to_patches, patches_to_classes, patchify
+from vitmask.preprocess import fit_images
+
+
+def parse_box(text: str, size: int) -> tuple[int, int, int, int]:
+    """'x0,y0,x1,y1' -> ints, checked to lie inside a size x size image and to be non-empty."""
+    try:
+        x0, y0, x1, y1 = (int(v) for v in text.split(","))
+    except ValueError:
+        raise UserError(f"--box expects x0,y0,x1,y1 as four integers (e.g. --box 8,8,24,24), got '{text}'") from None
+    if not (0 <= x0 < x1 <= size and 0 <= y0 < y1 <= size):
+        raise UserError(
+            f"--box {text} is outside the {size}x{size} preprocessed image or empty; "
+            f"use 0 <= x0 < x1 <= {size} and 0 <= y0 < y1 <= {size} (x1, y1 exclusive)"
+        )
+    return x0, y0, x1, y1
+
+
+def boxes_to_mask(boxes: list[tuple[int, int, int, int]], size: int) -> torch.Tensor:
+    """(size, size) bool pixel mask, True inside any box."""
+    pix = torch.zeros(size, size, dtype=torch.bool)
+    for x0, y0, x1, y1 in boxes:
+        pix[y0:y1, x0:x1] = True
+    return pix
+
+
+def mask_image_to_pixels(mask_gray: torch.Tensor, image_shape: tuple[int, int], cfg: DataConfig) -> torch.Tensor:
+    """A mask image (h, w) uint8 gray in the original image's coordinates -> (S, S) bool pixel mask."""
+    if tuple(mask_gray.shape) != tuple(image_shape):
+        (mh, mw), (ih, iw) = mask_gray.shape, image_shape
+        raise UserError(
+            f"the mask image is {mw}x{mh} pixels but the image is {iw}x{ih}; draw the mask on a copy of the image"
+        )
+    fitted = fit_images(mask_gray.unsqueeze(0), cfg.image_size, cfg.fit)[0]  # (S, S) uint8
+    return fitted >= 128
+
+
+def pixels_to_patches(pix: torch.Tensor, patch_size: int) -> torch.Tensor:
+    """(S, S) bool pixel mask -> (N,) bool, True for every patch holding a masked pixel."""
+    return patchify(pix.unsqueeze(0), patch_size)[0].any(-1)  # (N,)
+
+
+def check_patch_mask(mask: torch.Tensor) -> None:
+    """A fill needs at least one masked patch and one visible one."""
+    n = mask.numel()
+    if not bool(mask.any()):
+        raise UserError("the boxes or mask cover no patch; give a --box or --mask over the part to fill")
+    if bool(mask.all()):
+        raise UserError(f"the boxes or mask cover all {n} patches, leaving the model nothing to see; mask less")
+
+
+def unmask_counts(num_masked: int, steps: int) -> list[int]:
+    """Patches fixed in each of `steps` rounds: the cosine schedule, summing to `num_masked`."""
+    left = [math.floor(num_masked * math.cos(math.pi / 2 * t / steps)) for t in range(1, steps)] + [0]
+    counts, before = [], num_masked
+    for remaining in left:
+        counts.append(before - remaining)
+        before = remaining
+    return counts
+
+
+@torch.inference_mode()
+def fill(model: torch.nn.Module, images: torch.Tensor, mask: torch.Tensor, patch_size: int, steps: int = 1):
+    """images (B, H, W) 0/1, mask (B, N) with the same count M per row -> (B, N) int64 classes.
+
+    Visible patches keep their class; masked ones get the model's most likely class, all at once
+    (steps=1) or most confident first over `steps` rounds. Rounds that would fix no patch are skipped.
+    """
+    pix = patchify(images, patch_size).float()  # (B, N, P)
+    classes = patches_to_classes(pix)  # (B, N)
+    hidden = mask.clone()  # (B, N)
+    num_masked = int(mask[0].sum())
+    for k in unmask_counts(num_masked, max(1, min(steps, num_masked))):
+        if k == 0:
+            continue
+        probs = model(pix, hidden).float().softmax(-1)  # (B, N, C)
+        conf, guess = probs.max(-1)  # (B, N)
+        conf = conf.masked_fill(~hidden, -1.0)  # only hidden patches compete
+        pick = conf.topk(k, dim=1).indices  # (B, k)
+        chosen = guess.gather(1, pick)  # (B, k)
+        classes = classes.scatter(1, pick, chosen)
+        new_pix = classes_to_patches(chosen, pix.shape[-1]).float()  # (B, k, P)
+        pix = pix.scatter(1, pick.unsqueeze(-1).expand_as(new_pix), new_pix)
+        hidden = hidden.scatter(1, pick, False)
+    return classes
+
+
+def fill_accuracy(
+    model: torch.nn.Module,
+    images: torch.Tensor,
+    mask: torch.Tensor,
+    patch_size: int,
+    steps: int = 1,
+    batch_size: int = 256,
+) -> dict[str, float]:
+    """Fill `images` (n, H, W) under `mask` (n, N) (the same count per row) and score the fill.
+
+    Returns acc (masked patches given their true class) and acc_nonempty (the same over masked
+    patches whose true class is not 0).
+    """
+    hit = nonempty = nonempty_hit = 0
+    for start in range(0, len(images), batch_size):
+        chunk, m = images[start : start + batch_size], mask[start : start + batch_size]  # (B, H, W), (B, N)
+        truth = patches_to_classes(patchify(chunk, patch_size))  # (B, N)
+        right = (fill(model, chunk, m, patch_size, steps) == truth) & m  # (B, N)
+        filled = (truth != 0) & m
+        hit += int(right.sum())
+        nonempty += int(filled.sum())
+        nonempty_hit += int((right & filled).sum())
+    total = int(mask.sum())
+    return {"acc": hit / total, "acc_nonempty": nonempty_hit / nonempty if nonempty else float("nan")}

@@ -1,0 +1,175 @@
+"""The eval, reconstruct and inpaint commands end to end on a tiny trained checkpoint, and their bad input.
+
+The commands run in-process through `cli.main` (the same parsing, error rendering and exit codes as
+the `vitmask` executable), which spares each call a subprocess importing torch.
+"""
+
+import json
+import subprocess
+
+import pytest
+import torch
+from PIL import Image
+
+from tests.conftest import assert_user_error, write_config
+from vitmask import cli, runner
+from vitmask.checkpoint import save_checkpoint
+from vitmask.config import load_config
+from vitmask.data import eval_batches, load_splits
+from vitmask.preprocess import binarize_images, load_image_file
+from vitmask.render import reconstruction_grid
+from vitmask.train import Trainer
+
+
+@pytest.fixture
+def run_cli(capsys):
+    """Run `vitmask ARGS` in-process; returns what the subprocess helper would."""
+
+    def run(*args) -> subprocess.CompletedProcess:
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as exit_:
+            cli.main([str(a) for a in args])
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(args, exit_.value.code, out, err)
+
+    return run
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    """A 30-step tiny model on 16x16 shapes (8x8 patches of 2x2)."""
+    root = tmp_path_factory.mktemp("ckpt")
+    cfg = load_config(write_config(root / "tiny.yaml"))
+    trainer = Trainer(cfg, load_splits(cfg), torch.device("cpu"))
+    trainer.fit(run_dir=root, progress=False)
+    return root / "last.pt"
+
+
+@pytest.fixture(scope="module")
+def user_image(tmp_path_factory):
+    """A 20x12 gray PNG with a white bar: preprocessing pads it to 16x16."""
+    path = tmp_path_factory.mktemp("img") / "bar.png"
+    img = Image.new("L", (20, 12), 0)
+    img.paste(255, (4, 3, 16, 9))
+    img.save(path)
+    return path
+
+
+def test_eval_reports_every_ratio_in_a_table_and_the_same_numbers_as_json(run_cli, ckpt):
+    args = ["eval", "--checkpoint", ckpt, "--split", "test", "--device", "cpu", "--seed", "3"]
+    args += ["--mask-ratio", "0.25", "--mask-ratio", "0.5", "--mask-ratio", "0.75"]
+    table, as_json = run_cli(*args), run_cli(*args, "--json")
+    assert table.returncode == 0 and as_json.returncode == 0, table.stderr + as_json.stderr
+    report = json.loads(as_json.stdout)
+    assert [r["mask_ratio"] for r in report["results"]] == [0.25, 0.5, 0.75]
+    for r in report["results"]:
+        assert set(r["baselines"]) == {"majority", "position", "neighbour"}
+        assert r["baselines"]["majority"]["acc"] == r["majority_acc"]
+        assert f"mask ratio {r['mask_ratio']:g}" in table.stdout
+        assert f"{r['acc']:.4f}" in table.stdout and f"{r['baselines']['neighbour']['acc']:.4f}" in table.stdout
+    for label in ("per-position majority", "8-neighbour table", "bit acc", "most frequent confusions"):
+        assert label in table.stdout
+
+
+def test_reconstruct_writes_the_tensorboard_grid(run_cli, ckpt, tmp_path):
+    out = tmp_path / "recon.png"
+    res = run_cli("reconstruct", "--checkpoint", ckpt, "--out", out, "--n", "4", "--mask-ratio", "0.5", "--seed", "2")
+    assert res.returncode == 0, res.stderr
+    # the same picture, made here with the function TensorBoard uses, scaled 4x as the command does
+    model, cfg, _ = runner.load_model(ckpt, torch.device("cpu"))
+    images = load_splits(cfg)["test"][:4]
+    batch = next(eval_batches(images, cfg, 0.5, 2, 4))
+    with torch.inference_mode():
+        pred = model(batch.patches, batch.mask).argmax(-1)
+    grid = reconstruction_grid(images, batch.mask, pred, 2).repeat_interleave(4, 1).repeat_interleave(4, 2)
+    want = grid.mul(255).add(0.5).clamp(0, 255).to(torch.uint8).permute(1, 2, 0)  # as save_image writes it
+    got = torch.from_numpy(__import__("numpy").array(Image.open(out).convert("RGB")))
+    assert got.shape == (4 * (4 * 18 + 2), 4 * (4 * 18 + 2), 3)  # 4 rows and 4 columns of 16 px, padding 2
+    assert torch.equal(got, want)
+
+
+def test_inpaint_fills_only_the_boxed_patches(run_cli, ckpt, user_image, tmp_path):
+    out = tmp_path / "filled.png"
+    res = run_cli("inpaint", "--checkpoint", ckpt, "--image", user_image, "--box", "2,2,7,5", "--out", out)
+    assert res.returncode == 0, res.stderr
+    assert "filled 6 of 64 patches" in res.stdout  # x 2..6 touches 3 patch columns, y 2..4 two patch rows
+    cfg = runner.load_model(ckpt, torch.device("cpu"))[1]
+    original = binarize_images(load_image_file(user_image).unsqueeze(0), cfg.data)[0]  # (16, 16)
+    filled = (load_image_file(out) > 127).to(torch.uint8)
+    assert filled.shape == (16, 16)
+    keep = torch.ones(16, 16, dtype=torch.bool)
+    keep[2:6, 2:8] = False  # the six 2x2 patches the box touches
+    assert torch.equal(filled[keep], original[keep])
+
+
+def test_inpaint_with_a_mask_image_and_iterative_filling(run_cli, ckpt, user_image, tmp_path):
+    mask = Image.new("L", (20, 12), 0)
+    mask.paste(255, (10, 5, 12, 6))  # one pixel row, two columns, of the original image
+    mask.save(tmp_path / "mask.png")
+    out = tmp_path / "filled.png"
+    args = ["--image", user_image, "--mask", tmp_path / "mask.png", "--out", out, "--iterative", "--steps", "4"]
+    res = run_cli("inpaint", "--checkpoint", ckpt, *args)
+    assert res.returncode == 0, res.stderr
+    assert "filled 1 of 64 patches" in res.stdout  # padded by (2, 0): pixels (7, 8) and (7, 9) share a patch
+
+
+def test_eval_and_reconstruct_bad_input(run_cli, ckpt, tmp_path):
+    assert_user_error(run_cli("eval", "--checkpoint", ckpt, "--mask-ratio", "0"), "--mask-ratio", "between 0 and 1")
+    assert_user_error(
+        run_cli("reconstruct", "--checkpoint", ckpt, "--out", tmp_path / "r.png", "--mask-ratio", "1"), "--mask-ratio"
+    )
+    assert not (tmp_path / "r.png").exists()
+    state = torch.load(ckpt, weights_only=True)
+    del state["model"]
+    save_checkpoint(state, tmp_path / "nomodel.pt")
+    assert_user_error(run_cli("eval", "--checkpoint", tmp_path / "nomodel.pt"), "no 'model' entry")
+
+
+def test_inpaint_bad_input(run_cli, ckpt, user_image, tmp_path):
+    out = tmp_path / "out.png"
+    fake = tmp_path / "fake.png"
+    fake.write_text("not an image")
+    base = ["inpaint", "--checkpoint", ckpt, "--out", out]
+    assert_user_error(run_cli(*base, "--image", fake, "--box", "0,0,4,4"), "not a readable image")
+    assert_user_error(run_cli(*base, "--image", user_image, "--box", "0,0,17,4"), "--box", "outside")
+    assert_user_error(run_cli(*base, "--image", user_image, "--box", "0,0,16,16"), "all 64 patches")
+    Image.new("L", (10, 10), 255).save(tmp_path / "small_mask.png")
+    res = run_cli(*base, "--image", user_image, "--mask", tmp_path / "small_mask.png")
+    assert_user_error(res, "mask image is 10x10 pixels but the image is 20x12")
+    assert not out.exists()
+
+
+def test_make_docs_images_writes_the_pictures_and_numbers(run_cli, ckpt, tmp_path):
+    import importlib.util
+
+    from tests.conftest import ROOT
+
+    spec = importlib.util.spec_from_file_location("make_docs_images", ROOT / "scripts" / "make_docs_images.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    out = tmp_path / "docs"
+    script.main(
+        [
+            "--checkpoint",
+            str(ckpt),
+            "--out-dir",
+            str(out),
+            "--images",
+            "16",
+            "--n",
+            "3",
+            "--ratios",
+            "0.5",
+            "--device",
+            "cpu",
+        ]
+    )
+    for name in ("reconstruct.png", "inpaint.png", "inpaint_input.png", "inpaint_filled.png"):
+        assert Image.open(out / name).size[0] > 0
+    text = (out / "results.md").read_text()
+    assert "8-neighbour table" in text and "| centre box 4,4,12,12 |" in text
+    assert text.count("| random, ratio 0.5 |") == 1
+    # the example input is the preprocessed image itself: preprocessing it again changes nothing
+    cfg = runner.load_model(ckpt, torch.device("cpu"))[1]
+    again = binarize_images(load_image_file(out / "inpaint_input.png").unsqueeze(0), cfg.data)[0]
+    assert torch.equal(again, load_splits(cfg)["test"][0])

@@ -1,0 +1,99 @@
+"""Eval metrics on hand-made predictions with known answers."""
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from vitmask.config import config_from_dict
+from vitmask.data import eval_batches
+from vitmask.evaluate import Tally, evaluate, format_report, patch_label
+from vitmask.patches import classes_to_patches, patches_to_classes
+from vitmask.shapes import make_splits
+
+CFG = config_from_dict({"data": {"image_size": 8, "patch_size": 2}, "mask": {"ratio": 0.5}})
+SCALE = 5.0
+
+
+class Oracle(torch.nn.Module):
+    """Reads the true pixels the caller passes and puts SCALE on the true class of each masked patch."""
+
+    def forward(self, patches, mask, ids=None):
+        targets = patches_to_classes(patches)  # (B, N)
+        if ids is not None:
+            targets = targets.gather(1, ids)  # (B, M)
+        return SCALE * F.one_hot(targets, 16).float()  # (B, M, C)
+
+
+class Constant(torch.nn.Module):
+    """Always predicts class `cls`."""
+
+    def __init__(self, cls: int):
+        super().__init__()
+        self.cls = cls
+
+    def forward(self, patches, mask, ids=None):
+        shape = (*ids.shape, 16) if ids is not None else (*mask.shape, 16)
+        return F.one_hot(torch.full(shape[:-1], self.cls), 16).float()
+
+
+def images():
+    return make_splits(40, 1, 1, 8, seed=3)["train"]  # (40, 8, 8)
+
+
+def test_tally_on_hand_made_predictions():
+    t = Tally(16, torch.device("cpu"))
+    t.add(torch.tensor([[0, 1, 3, 4]]), torch.tensor([[0, 0, 3, 5]]))
+    s = t.summary()
+    assert s["acc"] == 0.5
+    assert s["acc_nonempty"] == 0.5  # classes 3 and 5 are non-empty; 3 is right
+    assert s["bit_acc"] == 1 - 2 / 16  # 0 vs 1 and 5 (0101) vs 4 (0100): one wrong pixel each
+    assert t.per_class() == [
+        {"class": 0, "patches": 2, "acc": 0.5},
+        {"class": 3, "patches": 1, "acc": 1.0},
+        {"class": 5, "patches": 1, "acc": 0.0},
+    ]
+    assert sorted((c["true"], c["pred"], c["patches"], c["share"]) for c in t.confusions()) == [
+        (0, 1, 1, 0.5),
+        (5, 4, 1, 1.0),
+    ]
+
+
+def test_a_perfect_predictor_scores_one():
+    imgs = images()
+    m = evaluate(Oracle(), imgs, CFG, 0.5, seed=1, majority_class=0, batch_size=16)
+    assert m["acc"] == 1.0 and m["acc_nonempty"] == 1.0 and m["bit_acc"] == 1.0
+    assert all(row["acc"] == 1.0 for row in m["per_class"])
+    assert m["confusions"] == []
+    assert math.isclose(m["loss"], math.log(1 + 15 * math.exp(-SCALE)), rel_tol=1e-5)
+    assert m["masked_patches"] == len(imgs) * 8  # 16 patches, half masked
+
+
+def test_a_constant_predictor_scores_the_majority_rate():
+    imgs = images()
+    m = evaluate(Constant(0), imgs, CFG, 0.5, seed=1, majority_class=0, batch_size=16)
+    # an independent count over the same masks
+    truth = torch.cat([b.targets.gather(1, b.ids).flatten() for b in eval_batches(imgs, CFG, 0.5, 1, 16)])
+    assert m["acc"] == m["majority_acc"] == int((truth == 0).sum()) / truth.numel()
+    assert m["acc_nonempty"] == 0.0
+    assert math.isclose(m["bit_acc"], 1 - int(classes_to_patches(truth, 4).sum()) / (4 * truth.numel()))
+    assert m["nonempty_patches"] == int((truth != 0).sum())
+    row0 = next(r for r in m["per_class"] if r["class"] == 0)
+    assert row0["acc"] == 1.0 and all(r["acc"] == 0.0 for r in m["per_class"] if r["class"] != 0)
+    top = m["confusions"][0]
+    assert top["pred"] == 0 and top["patches"] == max(int((truth == c).sum()) for c in range(1, 16))
+
+
+def test_eval_masks_are_seeded():
+    a = evaluate(Constant(15), images(), CFG, 0.5, seed=7, majority_class=0)
+    b = evaluate(Constant(15), images(), CFG, 0.5, seed=7, majority_class=0)
+    c = evaluate(Constant(15), images(), CFG, 0.5, seed=8, majority_class=0)
+    assert a == b and a["acc"] != c["acc"]
+
+
+def test_patch_label_and_report_table():
+    assert patch_label(9, 2) == "10/01" and patch_label(1, 1) == "1"
+    m = evaluate(Oracle(), images(), CFG, 0.25, seed=0, majority_class=0)
+    report = {"checkpoint": "x.pt", "split": "val", "seed": 0, "images": 39, "patch_size": 2}
+    text = format_report({**report, "results": [{"mask_ratio": 0.25, **m}]})
+    assert "mask ratio 0.25" in text and "  model" in text and "1.0000" in text
