@@ -10,8 +10,9 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from tests.conftest import assert_user_error, run_cli
-from vitmask.config import Config, DataConfig, ModelConfig
+from vitmask.config import Config, DataConfig, ModelConfig, config_from_dict
 from vitmask.data import BatchSampler
+from vitmask.errors import UserError
 from vitmask.model import (
     Attention,
     FeedForward,
@@ -210,14 +211,19 @@ def test_flop_count_matches_torch_flop_counter(variant):
         ("model.norm=batchnorm", ("model.norm", "rmsnorm")),
         ("model.activation=geglu", ("model.activation", "swiglu")),
         ("model.attention=flash", ("model.attention", "sdpa, explicit")),
+        ("model.hidden_dim=24", ("rope2d", "model.num_heads")),  # with rope2d and 4 heads: head dim 6
     ],
 )
-def test_bad_variant_settings_are_user_errors(tiny_config, setting, needles):
-    assert_user_error(run_cli("config", "--config", tiny_config, "--set", setting), *needles)
+def test_bad_variant_settings_are_user_errors(setting, needles):
+    base = {"model": {"hidden_dim": 32, "num_heads": 4, "pos": "rope2d" if "hidden_dim" in setting else "learned"}}
+    with pytest.raises(UserError) as e:
+        config_from_dict(base, [setting])
+    for needle in needles:
+        assert needle in str(e.value)
 
 
-def test_rope2d_needs_head_dim_divisible_by_4(tiny_config):
-    # hidden 24 over 4 heads is a head dim of 6: its rotation pairs cannot split evenly into rows and columns
+def test_bad_variant_setting_from_the_cli_is_one_line_and_exit_2(tiny_config):
+    # hidden 24 over 4 heads is a head dim of 6: its rotation pairs cannot split into rows and columns
     sets = ("model.pos=rope2d", "model.hidden_dim=24", "model.num_heads=4")
     res = run_cli("config", "--config", tiny_config, *(a for s in sets for a in ("--set", s)))
     assert_user_error(res, "rope2d", "model.num_heads")
