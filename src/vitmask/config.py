@@ -137,12 +137,24 @@ class ModelConfig:
     num_heads: int = 4  # attention heads; head_dim = hidden_dim / num_heads
     depth: int = 4  # transformer blocks
     ffn_dim: int = 512  # hidden width of the feed-forward network
-    activation: str = "gelu"  # relu | gelu
-    norm: str = "layernorm"  # none | layernorm
+    activation: str = "gelu"  # relu | gelu | swiglu (silu(x W_1) * x W_3, then W_2; no biases, as Llama)
+    norm: str = "layernorm"  # none | layernorm | rmsnorm
     norm_position: str = "pre"  # pre (x + f(norm(x))) | post (norm(x + f(x)))
     qkv_bias: bool = True  # bias on the Q, K and V projections
     out_proj: bool = True  # linear projection after concatenating the heads
     dropout: float = 0.0  # dropout on attention weights and on each residual branch
+    num_kv_heads: int = 0  # key/value heads for grouped-query attention; 0 = num_heads (plain multi-head)
+    pos: str = "learned"  # positions: learned (added) | sincos2d (fixed 2D sin-cos, added) | rope2d (2D rotary)
+    attention: str = "sdpa"  # sdpa (F.scaled_dot_product_attention) | explicit (softmax(Q K^T / sqrt(d)) V)
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads actually used: num_kv_heads, or num_heads when it is 0."""
+        return self.num_kv_heads or self.num_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_dim // self.num_heads
 
     def __post_init__(self) -> None:
         for k in ("hidden_dim", "num_heads", "depth", "ffn_dim"):
@@ -152,10 +164,28 @@ class ModelConfig:
             "model.hidden_dim",
             f"({self.hidden_dim}) must be divisible by model.num_heads ({self.num_heads})",
         )
-        _choice(self.activation, "model.activation", ("relu", "gelu"))
-        _choice(self.norm, "model.norm", ("none", "layernorm"))
+        _choice(self.activation, "model.activation", ("relu", "gelu", "swiglu"))
+        _choice(self.norm, "model.norm", ("none", "layernorm", "rmsnorm"))
         _choice(self.norm_position, "model.norm_position", ("pre", "post"))
         _check(0.0 <= self.dropout < 1.0, "model.dropout", f"must be in [0, 1), got {self.dropout}")
+        _check(self.num_kv_heads >= 0, "model.num_kv_heads", "must be >= 0 (0 = num_heads)")
+        _check(
+            self.num_heads % self.kv_heads == 0,
+            "model.num_kv_heads",
+            f"({self.num_kv_heads}) must divide model.num_heads ({self.num_heads})",
+        )
+        _choice(self.pos, "model.pos", ("learned", "sincos2d", "rope2d"))
+        if self.pos == "sincos2d":
+            _check(
+                self.hidden_dim % 4 == 0, "model.hidden_dim", f"({self.hidden_dim}) must be divisible by 4 for sincos2d"
+            )
+        if self.pos == "rope2d":
+            _check(
+                self.head_dim % 4 == 0,
+                "model.pos",
+                f"rope2d needs hidden_dim / num_heads divisible by 4, got {self.head_dim}; change model.num_heads",
+            )
+        _choice(self.attention, "model.attention", ("sdpa", "explicit"))
 
 
 @dataclass(frozen=True)

@@ -1,16 +1,21 @@
 """The masked-patch vision transformer.
 
-Read top to bottom: attention, feed-forward, block, then the full model.
+Read top to bottom: positions, attention, feed-forward, block, then the full model.
 
-Shapes: B batch, N patches (tokens), P pixels per patch, D hidden_dim, H heads, d = D / H head
-dim, F ffn_dim, M masked patches per image, C token classes.
+Shapes: B batch, N patches (tokens), P pixels per patch, D hidden_dim, H heads, K key/value heads
+(K = H unless grouped-query attention), d = D / H head dim, F ffn_dim, M masked patches per image,
+C token classes, g patches per side of the grid (N = g * g).
 
 The model follows seed 001: each patch's pixels (masked ones replaced by `fill`) are projected up
-to D (Z = X A_up^T + b_up), a learned positional embedding P (N, D) is added, the blocks mix the
+to D (Z = X A_up^T + b_up), a positional embedding P (N, D) is added, the blocks mix the
 tokens, and a linear layer maps each token to C class logits (logits = C A_down^T + b_down).
 With `mask.fill: learned`, a masked patch's embedded token is instead a trained vector (D,), as in
 BEiT and SimMIM, before P is added.
+The variants of seed 002 are config choices: RMSNorm, SwiGLU, grouped-query attention, and 2D
+positions (fixed sin-cos added to the tokens, or rotary applied to queries and keys).
 """
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -18,6 +23,41 @@ from torch import nn
 
 from vitmask.config import Config, ModelConfig
 from vitmask.masking import apply_fill
+
+ROPE_BASE = 100.0  # rotary base: grids are at most 64 patches a side, so 10000 would leave most frequencies unused
+
+
+def sincos_1d(dim: int, positions: torch.Tensor) -> torch.Tensor:
+    """(L,) positions -> (L, dim): [sin(pos * w_i), cos(pos * w_i)] with w_i = 1 / 10000^(i / (dim/2))."""
+    omega = 1.0 / 10000 ** (torch.arange(dim // 2, dtype=torch.float64) / (dim // 2))  # (dim/2,)
+    angles = positions.double()[:, None] * omega[None]  # (L, dim/2)
+    return torch.cat([angles.sin(), angles.cos()], dim=1).float()  # (L, dim)
+
+
+def sincos_2d(dim: int, grid: int) -> torch.Tensor:
+    """(N, dim) fixed 2D positions (as MAE): the first half encodes the row, the second the column."""
+    n = torch.arange(grid * grid)
+    return torch.cat([sincos_1d(dim // 2, n // grid), sincos_1d(dim // 2, n % grid)], dim=1)  # (N, dim)
+
+
+def rope_2d_angles(head_dim: int, grid: int) -> torch.Tensor:
+    """(N, d/2) rotation angles: pair i of the first half of a head turns by row * theta_i, of the
+    second half by column * theta_i, with theta_i = ROPE_BASE^(-i / (d/4))."""
+    q = head_dim // 4
+    theta = ROPE_BASE ** (-torch.arange(q, dtype=torch.float64) / q)  # (d/4,)
+    n = torch.arange(grid * grid)
+    rows, cols = (n // grid).double(), (n % grid).double()  # (N,)
+    return torch.cat([rows[:, None] * theta, cols[:, None] * theta], dim=1).float()  # (N, d/2)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate each pair (x_2i, x_2i+1) by its angle: [[cos, -sin], [sin, cos]] (seed 002).
+
+    x (B, H, N, d); cos, sin (N, d/2). Returns (B, H, N, d) in x's dtype.
+    """
+    x0, x1 = x.unflatten(-1, (-1, 2)).unbind(-1)  # 2 x (B, H, N, d/2)
+    y = torch.stack([x0 * cos - x1 * sin, x0 * sin + x1 * cos], dim=-1)  # (B, H, N, d/2, 2)
+    return y.flatten(-2).type_as(x)  # (B, H, N, d)
 
 
 def split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
@@ -33,37 +73,77 @@ def merge_heads(x: torch.Tensor) -> torch.Tensor:
 
 
 class Attention(nn.Module):
-    """Multi-head self-attention: softmax(Q K^T / sqrt(d)) V per head, through SDPA."""
+    """Multi-head self-attention: softmax(Q K^T / sqrt(d)) V per head, through SDPA or written out.
 
-    def __init__(self, dim: int, num_heads: int, qkv_bias: bool, out_proj: bool, dropout: float):
+    With K < H key/value heads (grouped-query attention), query head h reads key/value head
+    h // (H / K). Rotary positions, when given, turn Q and K before the scores.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        qkv_bias: bool,
+        out_proj: bool,
+        dropout: float,
+        num_kv_heads: int = 0,
+        explicit: bool = False,
+    ):
         super().__init__()
         self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads or num_heads
         self.dropout = dropout
-        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)  # W_q, W_k, W_v stacked: one matmul
+        self.explicit = explicit
+        kv_dim = self.num_kv_heads * (dim // num_heads)
+        self.split = (dim, kv_dim, kv_dim)
+        self.qkv = nn.Linear(dim, dim + 2 * kv_dim, bias=qkv_bias)  # W_q, W_k, W_v stacked: one matmul
         self.proj = nn.Linear(dim, dim) if out_proj else nn.Identity()
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        q, k, v = self.qkv(x).chunk(3, dim=-1)  # 3 x (B, N, D)
-        q, k, v = (split_heads(t, self.num_heads) for t in (q, k, v))  # 3 x (B, H, N, d)
-        y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0)
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        q, k, v = self.qkv(x).split(self.split, dim=-1)  # (B, N, D), 2 x (B, N, K*d)
+        q = split_heads(q, self.num_heads)  # (B, H, N, d)
+        k, v = split_heads(k, self.num_kv_heads), split_heads(v, self.num_kv_heads)  # 2 x (B, K, N, d)
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        if self.num_kv_heads != self.num_heads:
+            group = self.num_heads // self.num_kv_heads
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # 2 x (B, H, N, d)
+        p = self.dropout if self.training else 0.0
+        if self.explicit:
+            a = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]), dim=-1)  # (B, H, N, N)
+            y = F.dropout(a, p) @ v  # (B, H, N, d)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=p)  # (B, H, N, d)
         return self.proj(merge_heads(y))  # (B, N, D)
 
 
 class FeedForward(nn.Module):
-    """Position-wise FFN: Y = act(X W_1 + b_1) W_2 + b_2."""
+    """Position-wise FFN: Y = act(X W_1 + b_1) W_2 + b_2, or with swiglu Y = (silu(X W_1) * X W_3) W_2.
+
+    For swiglu, fc1 holds W_1 and W_3 stacked (one matmul), so it maps D to 2F.
+    """
 
     def __init__(self, dim: int, hidden: int, activation: str):
         super().__init__()
-        self.fc1 = nn.Linear(dim, hidden)
-        self.act = nn.ReLU() if activation == "relu" else nn.GELU()
-        self.fc2 = nn.Linear(hidden, dim)
+        self.gated = activation == "swiglu"
+        self.fc1 = nn.Linear(dim, 2 * hidden if self.gated else hidden, bias=not self.gated)
+        self.act = {"relu": nn.ReLU(), "gelu": nn.GELU(), "swiglu": nn.SiLU()}[activation]
+        self.fc2 = nn.Linear(hidden, dim, bias=not self.gated)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(self.act(self.fc1(x)))  # (B, N, F) inside, (B, N, D) out
+        h = self.fc1(x)  # (B, N, F) or (B, N, 2F)
+        if self.gated:
+            gate, value = h.chunk(2, dim=-1)  # 2 x (B, N, F)
+            return self.fc2(self.act(gate) * value)  # (B, N, D)
+        return self.fc2(self.act(h))  # (B, N, D)
 
 
 def make_norm(kind: str, dim: int) -> nn.Module:
-    return nn.LayerNorm(dim) if kind == "layernorm" else nn.Identity()
+    if kind == "layernorm":
+        return nn.LayerNorm(dim)
+    if kind == "rmsnorm":
+        return nn.RMSNorm(dim, eps=1e-6)
+    return nn.Identity()
 
 
 class Block(nn.Module):
@@ -74,16 +154,17 @@ class Block(nn.Module):
         d = cfg.hidden_dim
         self.pre_norm = cfg.norm_position == "pre"
         self.norm1 = make_norm(cfg.norm, d)
-        self.attn = Attention(d, cfg.num_heads, cfg.qkv_bias, cfg.out_proj, cfg.dropout)
+        explicit = cfg.attention == "explicit"
+        self.attn = Attention(d, cfg.num_heads, cfg.qkv_bias, cfg.out_proj, cfg.dropout, cfg.num_kv_heads, explicit)
         self.norm2 = make_norm(cfg.norm, d)
         self.ffn = FeedForward(d, cfg.ffn_dim, cfg.activation)
         self.drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         if self.pre_norm:
-            x = x + self.drop(self.attn(self.norm1(x)))
+            x = x + self.drop(self.attn(self.norm1(x), rope))
             return x + self.drop(self.ffn(self.norm2(x)))
-        x = self.norm1(x + self.drop(self.attn(x)))
+        x = self.norm1(x + self.drop(self.attn(x, rope)))
         return self.norm2(x + self.drop(self.ffn(x)))
 
 
@@ -97,7 +178,17 @@ class MaskedPatchViT(nn.Module):
         self.embed = nn.Linear(patch_dim, d)  # A_up, b_up
         if fill == "learned":
             self.mask_token = nn.Parameter(torch.zeros(d))  # the embedding of every masked patch
-        self.pos = nn.Parameter(torch.zeros(num_patches, d))  # P, learned
+        grid = math.isqrt(num_patches)
+        self.pos_kind = cfg.pos
+        if cfg.pos == "learned":
+            self.pos = nn.Parameter(torch.zeros(num_patches, d))  # P (N, D), learned
+        elif cfg.pos == "sincos2d":
+            self.register_buffer("pos", sincos_2d(d, grid), persistent=False)  # P (N, D), fixed
+        else:  # rope2d: nothing is added to the tokens; Q and K are rotated in every block
+            self.pos = None
+            angles = rope_2d_angles(cfg.head_dim, grid)  # (N, d/2)
+            self.register_buffer("rope_cos", angles.cos(), persistent=False)
+            self.register_buffer("rope_sin", angles.sin(), persistent=False)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.depth))
         # a pre-norm stack leaves its residual stream un-normalised: normalise once before the head
         self.norm = make_norm(cfg.norm, d) if cfg.norm_position == "pre" else nn.Identity()
@@ -109,16 +200,18 @@ class MaskedPatchViT(nn.Module):
 
         - Linear weights: Xavier-uniform, which keeps activation variance steady through the
           projections (as MAE does); biases zero, so the model starts unbiased between classes.
-        - The positional embedding: normal with std 0.02, small beside the patch embedding so
-          early training is driven by content. The learned mask embedding likewise (as in BEiT).
-        - LayerNorm: the identity (weight 1, bias 0), torch's default, left as is.
+        - A learned positional embedding: normal with std 0.02, small beside the patch embedding so
+          early training is driven by content. Fixed positions (sincos2d, rope2d) are not trained.
+          The learned mask embedding likewise (as in BEiT).
+        - LayerNorm and RMSNorm: the identity (weight 1, bias 0), torch's default, left as is.
         """
         for m in self.modules():
             if isinstance(m, nn.Linear):
                 nn.init.xavier_uniform_(m.weight)
                 if m.bias is not None:
                     nn.init.zeros_(m.bias)
-        nn.init.normal_(self.pos, std=0.02)
+        if self.pos_kind == "learned":
+            nn.init.normal_(self.pos, std=0.02)
         if self.fill == "learned":
             nn.init.normal_(self.mask_token, std=0.02)
 
@@ -130,11 +223,14 @@ class MaskedPatchViT(nn.Module):
         embedding) here, so callers pass the true pixels.
         """
         if self.fill == "learned":
-            x = torch.where(mask.unsqueeze(-1), self.mask_token, self.embed(patches)) + self.pos  # (B, N, D)
+            x = torch.where(mask.unsqueeze(-1), self.mask_token, self.embed(patches))  # (B, N, D)
         else:
-            x = self.embed(apply_fill(patches, mask, self.fill)) + self.pos  # (B, N, D)
+            x = self.embed(apply_fill(patches, mask, self.fill))  # (B, N, D)
+        if self.pos is not None:
+            x = x + self.pos  # (B, N, D)
+        rope = (self.rope_cos, self.rope_sin) if self.pos_kind == "rope2d" else None
         for block in self.blocks:
-            x = block(x)  # (B, N, D)
+            x = block(x, rope)  # (B, N, D)
         if ids is not None:
             x = x.gather(1, ids.unsqueeze(-1).expand(-1, -1, x.shape[-1]))  # (B, M, D)
         return self.head(self.norm(x))  # (B, M or N, C)

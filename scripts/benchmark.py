@@ -1,0 +1,359 @@
+"""Benchmark vitmask's real training path against a reference timed in the same run.
+
+vitmask: `Trainer(cfg, splits, device)`, `trainer.sampler.sample()`, `trainer.train_step(batch)`.
+The reference (vitmask.reference): the same model as `nn.TransformerEncoder(norm_first=True)`, fed
+by a per-sample Dataset + DataLoader that patchifies and masks in `__getitem__`, same config and
+batch. Their steps alternate, one each, so both see the same machine load; on a shared machine the
+ratio vitmask / reference is the figure to trust, not the absolute numbers.
+
+The reference runs the common way by default: fp32, eager (--ref-autocast / --ref-compile change
+that), while vitmask runs with the --autocast and --compile given. Reported for each: training
+images/s and tokens/s (median of timed steps after warm-up), the share of the step spent building
+the batch (timed alone and inside the step), peak memory (RSS on CPU, max allocated on CUDA),
+achieved FLOP/s from the analytic count (vitmask.params) and its percentage of a dense matmul peak
+measured in this run (2048^2 fp32 and bf16 on CPU, 8192^3 bf16 on CUDA), and eval images/s.
+
+    python scripts/benchmark.py                                   # the CPU target model, batch 128
+    python scripts/benchmark.py --autocast bf16 --compile         # explore precision / compile
+    python scripts/benchmark.py --set model.hidden_dim=512 --set model.depth=8 --set model.num_heads=8 \\
+        --batch 1024 --device cuda                                # the large GPU config
+"""
+
+import argparse
+import contextlib
+import datetime
+import json
+import os
+import platform
+import resource
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from vitmask.config import load_config  # noqa: E402
+from vitmask.data import load_splits  # noqa: E402
+from vitmask.errors import UserError  # noqa: E402
+from vitmask.params import train_flops_per_image  # noqa: E402
+from vitmask.reference import ReferenceRun  # noqa: E402
+from vitmask.runtime import resolve_device  # noqa: E402
+from vitmask.train import Trainer  # noqa: E402
+
+# the benchmark needs a few thousand images, not the full split: step speed does not depend on it
+DATA_OVERRIDES = ["data.num_train=4096", "data.num_val=1024", "data.num_test=16"]
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", default=str(ROOT / "configs" / "default.yaml"))
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override (repeatable)")
+    p.add_argument("--batch", type=int, default=128, help="images per step (sets data.batch_size)")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    p.add_argument("--steps", type=int, default=20, help="timed steps for each of vitmask and the reference")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps first (more with --compile)")
+    p.add_argument("--autocast", choices=("none", "bf16", "fp16"), default="none", help="wrap steps in autocast")
+    p.add_argument("--compile", action="store_true", help="torch.compile both models")
+    p.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0 = torch's default)")
+    p.add_argument("--fused-adam", choices=("auto", "on", "off"), default="auto", help="auto = on for CUDA")
+    p.add_argument(
+        "--vs",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="also time vitmask with comma-separated changes, e.g. model.attention=explicit,autocast=bf16 "
+        "(keys: config keys, autocast, compile); interleaved with the others (repeatable)",
+    )
+    p.add_argument("--no-reference", action="store_true", help="time vitmask only")
+    p.add_argument("--ref-workers", type=int, default=0, help="DataLoader workers of the reference")
+    p.add_argument(
+        "--ref-autocast",
+        choices=("none", "bf16", "fp16", "same"),
+        default="none",
+        help="the reference's precision: none (fp32, the common way) or same as vitmask's --autocast",
+    )
+    p.add_argument("--ref-compile", action="store_true", help="torch.compile the reference too")
+    p.add_argument("--eval-batches", type=int, default=4, help="eval batches (of 256 images) to time")
+    p.add_argument("--profile", type=int, default=0, metavar="N", help="print a torch.profiler table of N steps")
+    p.add_argument("--json", default="", help="also write every figure to this JSON file")
+    return p.parse_args(argv)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def autocast_ctx(device: torch.device, kind: str):
+    if kind == "none":
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=torch.bfloat16 if kind == "bf16" else torch.float16)
+
+
+def matmul_peak(n: int, dtype: torch.dtype, device: torch.device, reps: int = 5) -> float:
+    """FLOP/s of the best of `reps` timed n x n x n matmuls (2 n^3 FLOPs each)."""
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    a @ b
+    sync(device)
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        a @ b
+        sync(device)
+        best = min(best, time.perf_counter() - t)
+    return 2 * n**3 / best
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # ru_maxrss is in KiB on Linux
+
+
+def use_fused_adam(model: torch.nn.Module, lr: float) -> torch.optim.Optimizer:
+    return torch.optim.Adam(model.parameters(), lr=lr, fused=True)
+
+
+class Timed:
+    """Step times of one contender: the whole step, and the batch-building part inside it."""
+
+    def __init__(self, name: str, sample, step, device: torch.device, amp: str):
+        self.name, self._sample, self._step, self.device, self.amp = name, sample, step, device, amp
+        self.step_s: list[float] = []
+        self.sample_in_step_s: list[float] = []
+
+    def run(self, record: bool = True) -> None:
+        t0 = time.perf_counter()
+        batch = self._sample()
+        sync(self.device)  # only so that the batch-building share can be read; the trainer never syncs here
+        t1 = time.perf_counter()
+        with autocast_ctx(self.device, self.amp):
+            self._step(batch)
+        sync(self.device)
+        t2 = time.perf_counter()
+        if record:
+            self.step_s.append(t2 - t0)
+            self.sample_in_step_s.append(t1 - t0)
+
+    def sample_alone_s(self, n: int) -> float:
+        times = []
+        for _ in range(n):
+            t = time.perf_counter()
+            self._sample()
+            sync(self.device)
+            times.append(time.perf_counter() - t)
+        return statistics.median(times)
+
+
+def eval_images_per_s(trainer: Trainer, batches: int, amp: str) -> float:
+    with autocast_ctx(trainer.device, amp):
+        trainer.evaluate(max_batches=1)  # warm-up
+        sync(trainer.device)
+        t = time.perf_counter()
+        trainer.evaluate(max_batches=batches)
+        sync(trainer.device)
+    images = min(batches * 256, len(trainer.val_images))
+    return images / (time.perf_counter() - t)
+
+
+def summarise(t: Timed, batch: int, tokens: int, flops: int, peak: float, memory_mb: float) -> dict:
+    step = statistics.median(t.step_s)
+    ips = batch / step
+    return {
+        "step_ms": 1000 * step,
+        "images_per_s": ips,
+        "tokens_per_s": ips * tokens,
+        "batch_ms_in_step": 1000 * statistics.median(t.sample_in_step_s),
+        "batch_share_in_step": statistics.median(t.sample_in_step_s) / step,
+        "achieved_gflops": ips * flops / 1e9,
+        "pct_of_peak": 100 * ips * flops / peak,
+        "peak_memory_mb": memory_mb,
+    }
+
+
+def parse_vs(spec: str) -> tuple[list[str], str | None, bool | None]:
+    """'model.attention=explicit,autocast=bf16,compile=1' -> (config overrides, autocast, compile)."""
+    overrides, amp, comp = [], None, None
+    for item in filter(None, spec.split(",")):
+        key, _, value = item.partition("=")
+        if key == "autocast":
+            if value not in ("none", "bf16", "fp16"):
+                raise UserError(f"--vs autocast must be none, bf16 or fp16, got {value!r}")
+            amp = value
+        elif key == "compile":
+            comp = value.lower() in ("1", "true", "on", "yes")
+        else:
+            overrides.append(item)
+    return overrides, amp, comp
+
+
+def build_vitmask(cfg, splits, device, amp: str, compile_: bool, fused: bool, name: str) -> tuple[Trainer, Timed]:
+    trainer = Trainer(cfg, splits, device)
+    if fused:
+        trainer.optimizer = use_fused_adam(trainer.model, cfg.train.lr)
+    if compile_:
+        trainer.model = torch.compile(trainer.model)
+    return trainer, Timed(name, trainer.sampler.sample, trainer.train_step, device, amp)
+
+
+def profile_steps(t: Timed, n: int) -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if t.device.type == "cuda" else [])
+    with profile(activities=acts) as prof:
+        for _ in range(n):
+            t.run(record=False)
+    key = "self_cuda_time_total" if t.device.type == "cuda" else "self_cpu_time_total"
+    print(f"\n--- torch.profiler: {n} {t.name} steps, by self time ---")
+    print(prof.key_averages().table(sort_by=key, row_limit=18, max_name_column_width=48))
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = resolve_device(args.device)
+    specs = [(spec, *parse_vs(spec)) for spec in args.vs]  # bad specs fail before any work
+    cfg = load_config(args.config, [*DATA_OVERRIDES, f"data.batch_size={args.batch}", *args.set])
+    fused = args.fused_adam == "on" or (args.fused_adam == "auto" and device.type == "cuda")
+    m = cfg.model
+    print(
+        f"{datetime.datetime.now():%Y-%m-%d %H:%M}  {platform.node()}  torch {torch.__version__}  "
+        f"device {device}{' ' + torch.cuda.get_device_name() if device.type == 'cuda' else ''}  "
+        f"threads {torch.get_num_threads()}  cpus {os.cpu_count()}  load {os.getloadavg()[0]:.1f}"
+    )
+    print(
+        f"model d={m.hidden_dim} depth {m.depth} heads {m.num_heads} kv {m.kv_heads} ffn {m.ffn_dim} "
+        f"{m.activation} {m.norm} pos {m.pos} attention {m.attention}; tokens {cfg.data.num_patches}, "
+        f"batch {args.batch}; autocast {args.autocast}, compile {args.compile}, fused adam {fused}; "
+        f"reference autocast {args.ref_autocast}, compile {args.ref_compile}"
+    )
+
+    # dense matmul peaks, in this run
+    if device.type == "cuda":
+        peaks = {"bf16": matmul_peak(8192, torch.bfloat16, device)}
+    else:
+        peaks = {"fp32": matmul_peak(2048, torch.float32, device), "bf16": matmul_peak(2048, torch.bfloat16, device)}
+    peak = peaks["bf16"] if args.autocast != "none" or device.type == "cuda" else peaks["fp32"]
+    print("matmul peak: " + ", ".join(f"{k} {v / 1e9:.0f} GFLOP/s" for k, v in peaks.items()))
+
+    splits = load_splits(cfg)
+    flops = train_flops_per_image(cfg)
+    warmup = args.warmup + (3 if args.compile else 0)
+
+    # vitmask, alone first, so its peak memory is its own
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    trainer, ours = build_vitmask(cfg, splits, device, args.autocast, args.compile, fused, "vitmask")
+    for _ in range(warmup):
+        ours.run(record=False)
+    mem_ours = torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda" else peak_rss_mb()
+
+    contenders = [ours]
+    if not args.no_reference:
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        ref = ReferenceRun(cfg, splits["train"], device, num_workers=args.ref_workers)
+        if fused:
+            ref.optimizer = use_fused_adam(ref.model, cfg.train.lr)
+        if args.ref_compile:
+            ref.model = torch.compile(ref.model)
+        ref_amp = args.autocast if args.ref_autocast == "same" else args.ref_autocast
+        theirs = Timed("reference", ref.sample, ref.train_step, device, ref_amp)
+        for _ in range(args.warmup + (3 if args.ref_compile else 0)):
+            theirs.run(record=False)
+        contenders.append(theirs)
+    variants = []
+    for spec, overrides, amp, comp in specs:
+        vcfg = load_config(args.config, [*DATA_OVERRIDES, f"data.batch_size={args.batch}", *args.set, *overrides])
+        amp = args.autocast if amp is None else amp
+        comp = args.compile if comp is None else comp
+        vtrainer, v = build_vitmask(vcfg, splits, device, amp, comp, fused, spec)
+        for _ in range(args.warmup + (3 if comp else 0)):
+            v.run(record=False)
+        vpeak = peaks["bf16"] if amp != "none" or device.type == "cuda" else peaks["fp32"]
+        variants.append((v, vtrainer, train_flops_per_image(vcfg), vpeak))
+        contenders.append(v)
+    for _ in range(args.steps):  # alternate, so both see the same load
+        for c in contenders:
+            c.run()
+    mem_ref = torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda" else peak_rss_mb()
+
+    results = {
+        "date": f"{datetime.datetime.now():%Y-%m-%d %H:%M}",
+        "host": platform.node(),
+        "device": torch.cuda.get_device_name() if device.type == "cuda" else platform.processor() or "cpu",
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "command": " ".join(sys.argv),
+        "config": cfg.to_dict(),
+        "autocast": args.autocast,
+        "compile": args.compile,
+        "matmul_peak_gflops": {k: v / 1e9 for k, v in peaks.items()},
+        "train_gflop_per_image": flops / 1e9,
+    }
+    tokens = cfg.data.num_patches
+    results["vitmask"] = summarise(ours, args.batch, tokens, flops, peak, mem_ours)
+    results["vitmask"]["batch_share_alone"] = ours.sample_alone_s(10) / statistics.median(ours.step_s)
+    results["vitmask"]["eval_images_per_s"] = eval_images_per_s(trainer, args.eval_batches, args.autocast)
+    if not args.no_reference:
+        ref_peak = peaks["bf16"] if ref_amp != "none" or device.type == "cuda" else peaks["fp32"]
+        results["reference"] = summarise(theirs, args.batch, tokens, flops, ref_peak, mem_ref)
+        results["reference"]["batch_share_alone"] = theirs.sample_alone_s(10) / statistics.median(theirs.step_s)
+        results["ratio"] = results["vitmask"]["images_per_s"] / results["reference"]["images_per_s"]
+    results["variants"] = {}
+    for v, vtrainer, vflops, vpeak in variants:
+        out = summarise(v, args.batch, tokens, vflops, vpeak, float("nan"))
+        out["eval_images_per_s"] = eval_images_per_s(vtrainer, args.eval_batches, v.amp)
+        out["vs_vitmask"] = out["images_per_s"] / results["vitmask"]["images_per_s"]
+        if "reference" in results:
+            out["vs_reference"] = out["images_per_s"] / results["reference"]["images_per_s"]
+        results["variants"][v.name] = out
+
+    print_table(results, device)
+    if args.profile:
+        profile_steps(ours, args.profile)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+    return results
+
+
+def print_table(r: dict, device: torch.device) -> None:
+    mem = "peak max-allocated MB" if device.type == "cuda" else "peak RSS MB"
+    rows = [
+        ("train images/s", "images_per_s", "{:.1f}"),
+        ("train tokens/s", "tokens_per_s", "{:,.0f}"),
+        ("step ms (median)", "step_ms", "{:.1f}"),
+        ("batch building ms, in step", "batch_ms_in_step", "{:.2f}"),
+        ("batch share of step, in step", "batch_share_in_step", "{:.1%}"),
+        ("batch share of step, alone", "batch_share_alone", "{:.1%}"),
+        ("achieved GFLOP/s", "achieved_gflops", "{:.0f}"),
+        ("% of matmul peak", "pct_of_peak", "{:.0f}%"),
+        (mem, "peak_memory_mb", "{:.0f}"),
+        ("eval images/s", "eval_images_per_s", "{:.0f}"),
+    ]
+    names = [n for n in ("vitmask", "reference") if n in r]
+    print(f"\n{'':<30}" + "".join(f"{n:>12}" for n in names))
+    for label, key, fmt in rows:
+        cells = [fmt.format(r[n][key]) if key in r[n] else "-" for n in names]
+        print(f"{label:<30}" + "".join(f"{c:>12}" for c in cells))
+    print(f"analytic training FLOPs per image: {r['train_gflop_per_image']:.3f} GFLOP")
+    if "ratio" in r:
+        print(f"vitmask / reference (train images/s): {r['ratio']:.2f}x")
+    for name, v in r["variants"].items():
+        vs_ref = f", {v['vs_reference']:.2f}x the reference" if "vs_reference" in v else ""
+        print(
+            f"vitmask [{name}]: {v['images_per_s']:.1f} images/s ({v['pct_of_peak']:.0f}% of peak), "
+            f"eval {v['eval_images_per_s']:.0f} images/s: {v['vs_vitmask']:.2f}x vitmask{vs_ref}"
+        )
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)

@@ -1,0 +1,229 @@
+"""The modern variants of seed 002 (RMSNorm, SwiGLU, grouped-query attention, 2D positions) and the
+explicit attention path, each against a hand-written computation, plus shapes and gradients of the
+whole model in every variant, the config errors they bring, and the analytic FLOP count against
+torch's own FLOP counter."""
+
+import math
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from tests.conftest import assert_user_error, run_cli
+from vitmask.config import Config, DataConfig, ModelConfig, config_from_dict
+from vitmask.data import BatchSampler
+from vitmask.errors import UserError
+from vitmask.model import (
+    Attention,
+    FeedForward,
+    MaskedPatchViT,
+    apply_rope,
+    build_model,
+    make_norm,
+    rope_2d_angles,
+    sincos_2d,
+)
+from vitmask.params import forward_flops_per_image, train_flops_per_image
+
+
+def test_rmsnorm_is_seed_002_formula():
+    torch.manual_seed(0)
+    norm = make_norm("rmsnorm", 6)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(6))
+    a = torch.randn(3, 4, 6)
+    rms = torch.sqrt((a**2).mean(-1, keepdim=True) + 1e-6)  # RMS(a) = sqrt(1/m sum a_i^2)
+    torch.testing.assert_close(norm(a), a / rms * norm.weight, rtol=1e-5, atol=1e-6)
+
+
+def test_swiglu_ffn_is_silu_gate_times_value():
+    torch.manual_seed(0)
+    ffn = FeedForward(8, 12, "swiglu")
+    x = torch.randn(2, 5, 8)
+    W1, W3 = ffn.fc1.weight.chunk(2, dim=0)  # (F, D) each
+    silu = lambda z: z / (1 + torch.exp(-z))  # noqa: E731
+    expected = (silu(x @ W1.T) * (x @ W3.T)) @ ffn.fc2.weight.T
+    torch.testing.assert_close(ffn(x), expected, rtol=1e-5, atol=1e-6)
+    assert ffn.fc1.weight.shape == (24, 8) and ffn.fc1.bias is None and ffn.fc2.bias is None
+
+
+def hand_attention(x, attn, num_heads, num_kv_heads, rope=None):
+    """Per-head loop: query head h reads key/value head h // (H / K)."""
+    D = x.shape[-1]
+    d = D // num_heads
+    W, b = attn.qkv.weight, attn.qkv.bias
+    q_all = x @ W[:D].T + b[:D]
+    k_all = x @ W[D : D + num_kv_heads * d].T + b[D : D + num_kv_heads * d]
+    v_all = x @ W[D + num_kv_heads * d :].T + b[D + num_kv_heads * d :]
+    heads = []
+    for h in range(num_heads):
+        g = h // (num_heads // num_kv_heads)
+        q, k, v = q_all[..., h * d : (h + 1) * d], k_all[..., g * d : (g + 1) * d], v_all[..., g * d : (g + 1) * d]
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        a = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(d), dim=-1)
+        heads.append(a @ v)
+    return torch.cat(heads, -1) @ attn.proj.weight.T + attn.proj.bias
+
+
+@pytest.mark.parametrize("num_kv_heads", [1, 2, 4])
+@pytest.mark.parametrize("explicit", [False, True])
+def test_grouped_query_attention_equals_hand_written(num_kv_heads, explicit):
+    torch.manual_seed(num_kv_heads)
+    D, H = 16, 4
+    attn = Attention(D, H, True, True, 0.0, num_kv_heads=num_kv_heads, explicit=explicit).eval()
+    assert attn.qkv.weight.shape == (D + 2 * num_kv_heads * (D // H), D)
+    x = torch.randn(2, 9, D)
+    torch.testing.assert_close(attn(x), hand_attention(x, attn, H, num_kv_heads), rtol=1e-5, atol=1e-5)
+
+
+def test_attention_with_rope_equals_hand_written():
+    torch.manual_seed(3)
+    D, H = 32, 2
+    attn = Attention(D, H, True, True, 0.0, num_kv_heads=1).eval()
+    angles = rope_2d_angles(D // H, 3)  # (9, 8)
+    rope = (angles.cos(), angles.sin())
+    x = torch.randn(2, 9, D)
+    torch.testing.assert_close(attn(x, rope), hand_attention(x, attn, H, 1, rope), rtol=1e-5, atol=1e-5)
+
+
+def test_sincos2d_matches_mae_formula():
+    D, g = 16, 4
+    pos = sincos_2d(D, g)
+    assert pos.shape == (g * g, D)
+    q = D // 4  # frequencies per axis
+    for n in range(g * g):
+        row, col = divmod(n, g)
+        expected = []
+        for coord in (row, col):
+            w = [1 / 10000 ** (i / q) for i in range(q)]
+            expected += [math.sin(coord * wi) for wi in w] + [math.cos(coord * wi) for wi in w]
+        torch.testing.assert_close(pos[n], torch.tensor(expected), rtol=1e-6, atol=1e-6)
+
+
+def test_rope_rotates_each_pair_by_the_seed_002_matrix():
+    torch.manual_seed(0)
+    d, g = 8, 3
+    angles = rope_2d_angles(d, g)  # (9, 4): pairs 0-1 follow the row, pairs 2-3 the column
+    x = torch.randn(1, 1, g * g, d)
+    y = apply_rope(x, angles.cos(), angles.sin())
+    for n in range(g * g):
+        row, col = divmod(n, g)
+        for i in range(d // 2):
+            theta = 100.0 ** (-(i % 2) / 2)
+            t = (row if i < 2 else col) * theta
+            R = torch.tensor([[math.cos(t), -math.sin(t)], [math.sin(t), math.cos(t)]])
+            torch.testing.assert_close(y[0, 0, n, 2 * i : 2 * i + 2], R @ x[0, 0, n, 2 * i : 2 * i + 2])
+
+
+def test_rope_scores_depend_only_on_relative_position():
+    torch.manual_seed(0)
+    d, g = 16, 6
+    angles = rope_2d_angles(d, g)
+    cos, sin = angles.cos(), angles.sin()
+    q, k = torch.randn(d), torch.randn(d)
+
+    def score(a, b):  # q at patch a, k at patch b, both rotated
+        x = torch.stack([q, k]).view(1, 1, 2, d)
+        idx = torch.tensor([a, b])
+        r = apply_rope(x, cos[idx], sin[idx])[0, 0]
+        return (r[0] @ r[1]).item()
+
+    at = lambda r, c: r * g + c  # noqa: E731
+    s = score(at(1, 2), at(3, 1))
+    assert score(at(2, 3), at(4, 2)) == pytest.approx(s, abs=1e-4)  # both moved by (+1, +1)
+    assert score(at(1, 4), at(3, 3)) == pytest.approx(s, abs=1e-4)  # both moved by (0, +2)
+    assert abs(score(at(1, 2), at(4, 1)) - s) > 1e-3  # another offset, another score
+
+
+VARIANTS = [
+    {},
+    {"norm": "rmsnorm"},
+    {"activation": "swiglu"},
+    {"num_kv_heads": 1},
+    {"num_kv_heads": 2, "attention": "explicit"},
+    {"pos": "sincos2d"},
+    {"pos": "rope2d"},
+    {"norm": "rmsnorm", "activation": "swiglu", "num_kv_heads": 2, "pos": "rope2d"},
+]
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: "-".join(f"{k}={x}" for k, x in v.items()) or "plain")
+def test_every_variant_gives_shapes_and_gradients(variant):
+    torch.manual_seed(0)
+    mcfg = ModelConfig(hidden_dim=32, num_heads=4, depth=2, ffn_dim=48, **variant)
+    model = MaskedPatchViT(mcfg, num_patches=64, patch_dim=4, num_classes=16, fill=0.5)
+    x = torch.randint(0, 2, (3, 64, 4)).float()
+    mask = torch.zeros(3, 64, dtype=torch.bool)
+    mask[:, 10:30] = True
+    ids = torch.arange(10, 30).expand(3, 20)
+    logits = model(x, mask, ids)
+    assert logits.shape == (3, 20, 16)
+    assert torch.isfinite(logits).all()
+    torch.testing.assert_close(model(x, mask)[:, 10:30], logits)
+    logits.logsumexp(-1).sum().backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, name
+    has_learned_pos = any(n == "pos" for n, _ in model.named_parameters())
+    assert has_learned_pos == (mcfg.pos == "learned")
+
+
+def test_fixed_positions_are_not_in_the_checkpoint_state():
+    for pos in ("sincos2d", "rope2d"):
+        model = MaskedPatchViT(ModelConfig(hidden_dim=32, num_heads=2, depth=1, pos=pos), 16, 4, 16, 0.5)
+        assert not any(k.startswith(("pos", "rope")) for k in model.state_dict()), pos
+
+
+def test_rope_model_sees_where_tokens_are():
+    # rope2d adds nothing to the tokens, so without it attention would be permutation-equivariant
+    torch.manual_seed(0)
+    model = MaskedPatchViT(ModelConfig(hidden_dim=32, num_heads=2, depth=1, pos="rope2d"), 16, 4, 16, 0.5).eval()
+    x = torch.randint(0, 2, (1, 16, 4)).float()
+    mask = torch.zeros(1, 16, dtype=torch.bool)
+    perm = torch.randperm(16)
+    assert not torch.allclose(model(x, mask)[:, perm], model(x[:, perm], mask))
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [{}, {"activation": "swiglu", "num_kv_heads": 2, "pos": "rope2d"}, {"out_proj": False, "num_kv_heads": 1}],
+)
+def test_flop_count_matches_torch_flop_counter(variant):
+    # torch's counter sees every matmul of the explicit attention path (it does not count CPU SDPA)
+    mcfg = ModelConfig(hidden_dim=32, num_heads=4, depth=2, ffn_dim=64, attention="explicit", **variant)
+    cfg = Config(data=DataConfig(image_size=16, batch_size=4), model=mcfg)
+    model = build_model(cfg)
+    batch = BatchSampler(torch.randint(0, 2, (8, 16, 16), dtype=torch.uint8), cfg).sample()
+    with FlopCounterMode(display=False) as fwd:
+        model(batch.patches, batch.mask, batch.ids)
+    assert fwd.get_total_flops() == 4 * forward_flops_per_image(cfg)
+    with FlopCounterMode(display=False) as step:
+        model(batch.patches, batch.mask, batch.ids).sum().backward()
+    # the only matmul the 3x rule over-counts: the embedding's input gradient, never computed
+    assert step.get_total_flops() == pytest.approx(4 * train_flops_per_image(cfg), rel=0.01)
+
+
+@pytest.mark.parametrize(
+    "setting,needles",
+    [
+        ("model.num_kv_heads=3", ("model.num_kv_heads", "must divide model.num_heads")),
+        ("model.pos=rope", ("model.pos", "learned, sincos2d, rope2d")),
+        ("model.norm=batchnorm", ("model.norm", "rmsnorm")),
+        ("model.activation=geglu", ("model.activation", "swiglu")),
+        ("model.attention=flash", ("model.attention", "sdpa, explicit")),
+        ("model.hidden_dim=24", ("rope2d", "model.num_heads")),  # with rope2d and 4 heads: head dim 6
+    ],
+)
+def test_bad_variant_settings_are_user_errors(setting, needles):
+    base = {"model": {"hidden_dim": 32, "num_heads": 4, "pos": "rope2d" if "hidden_dim" in setting else "learned"}}
+    with pytest.raises(UserError) as e:
+        config_from_dict(base, [setting])
+    for needle in needles:
+        assert needle in str(e.value)
+
+
+def test_bad_variant_setting_from_the_cli_is_one_line_and_exit_2(tiny_config):
+    # hidden 24 over 4 heads is a head dim of 6: its rotation pairs cannot split into rows and columns
+    sets = ("model.pos=rope2d", "model.hidden_dim=24", "model.num_heads=4")
+    res = run_cli("config", "--config", tiny_config, *(a for s in sets for a in ("--set", s)))
+    assert_user_error(res, "rope2d", "model.num_heads")
