@@ -39,7 +39,8 @@ def tiny_config(tmp_path: Path) -> Path:
 
 def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
     """Run `python -m vitmask ARGS` and capture its output."""
-    full_env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), **(env or {})}
+    # one thread per subprocess: on a 2-core machine, several torch processes with 2 threads each thrash
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1", **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "vitmask", *map(str, args)],
         cwd=cwd or ROOT,

@@ -328,7 +328,9 @@ class Trainer:
         self.check_finite()
         val = self.evaluate()
         if self.world.main:
-            self.logger.log({f"val/{k}": v for k, v in val.items() if k in ("loss", "acc", "acc_nonempty")}, self.step)
+            self.logger.log(
+                {f"val/{k}": v for k, v in val.items() if k in ("loss", "acc", "acc_nonempty", "bit_acc")}, self.step
+            )
             self.logger.log_image("val/reconstruction", self.reconstruction(), self.step)
             line = (
                 f"step {self.step}/{self.cfg.train.max_steps}  val loss {val['loss']:.4f}  acc {val['acc']:.4f}"
@@ -350,7 +352,9 @@ class Trainer:
         for section in ("train", "model", "mask", "data"):
             hparams.update({f"{section}.{k}": v for k, v in raw.pop(section).items()})
         hparams.update(raw)
-        metrics = {f"hparam/val_{k}": val[k] for k in ("loss", "acc", "acc_nonempty") if k in val}
+        # TensorBoard takes scalars and strings only: lists (ranges) and None become text
+        hparams = {k: v if isinstance(v, (int, float, str, bool)) else str(v) for k, v in hparams.items()}
+        metrics = {f"hparam/val_{k}": val[k] for k in ("loss", "acc", "acc_nonempty", "bit_acc") if k in val}
         metrics["hparam/best_val_loss"] = self.best_val_loss
         self.logger.log_hparams(hparams, metrics, self.step)
 
