@@ -14,21 +14,19 @@ import time
 START = time.perf_counter()  # before importing torch: the clock starts with the process
 
 import argparse  # noqa: E402
-import contextlib  # noqa: E402
 import csv  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-import torch  # noqa: E402
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+from vitmask.checkpoint import save_checkpoint  # noqa: E402
 from vitmask.config import load_config  # noqa: E402
 from vitmask.data import load_splits  # noqa: E402
 from vitmask.errors import UserError  # noqa: E402
 from vitmask.evaluate import evaluate  # noqa: E402
-from vitmask.runtime import resolve_device  # noqa: E402
+from vitmask.runtime import autocast, resolve_device  # noqa: E402
 from vitmask.train import Trainer  # noqa: E402
 
 
@@ -42,8 +40,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--budget", type=float, default=600.0, help="give up after this many seconds")
     p.add_argument("--eval-every", type=float, default=30.0, help="seconds of training between evaluations")
     p.add_argument("--eval-batches", type=int, default=0, help="eval batches of 256 images (0 = whole val split)")
-    p.add_argument("--autocast", choices=("none", "bf16"), default="none", help="wrap steps and evals in autocast")
     p.add_argument("--curve", default="", help="write the accuracy-versus-time curve to this CSV")
+    p.add_argument("--save", default="", help="write the final checkpoint here (for vitmask eval)")
     return p.parse_args(argv)
 
 
@@ -54,29 +52,29 @@ def main(argv=None) -> dict:
     device = resolve_device(args.device)
     cfg = load_config(args.config, args.set)
     trainer = Trainer(cfg, load_splits(cfg), device)
-    amp = torch.autocast(device.type, torch.bfloat16) if args.autocast == "bf16" else contextlib.nullcontext()
     curve: list[dict] = []
     reached = None
     next_eval = time.perf_counter() - START + args.eval_every
-    with amp:
-        while True:
-            out = trainer.train_step(trainer.sampler.sample())
-            trainer.step += 1
-            now = time.perf_counter() - START
-            if now < next_eval and now < args.budget:
-                continue
-            val = evaluate_at(trainer, args.ratio, args.eval_batches)
-            t = time.perf_counter() - START
-            row = {"seconds": round(t, 2), "step": trainer.step, "loss": float(out["loss"]), **val}
-            curve.append(row)
-            print(f"{t:7.1f}s  step {trainer.step:6d}  acc {val['acc']:.4f}  non-empty acc {val['acc_nonempty']:.4f}")
-            sys.stdout.flush()
-            if val["acc_nonempty"] >= args.target:
-                reached = t
-                break
-            if t >= args.budget:
-                break
-            next_eval = t + args.eval_every
+    while True:
+        out = trainer.train_step(trainer.sampler.sample())  # advances trainer.step
+        now = time.perf_counter() - START
+        if now < next_eval and now < args.budget:
+            continue
+        val = evaluate_at(trainer, args.ratio, args.eval_batches)
+        t = time.perf_counter() - START
+        row = {"seconds": round(t, 2), "step": trainer.step, "loss": float(out["loss"]), **val}
+        curve.append(row)
+        print(f"{t:7.1f}s  step {trainer.step:6d}  acc {val['acc']:.4f}  non-empty acc {val['acc_nonempty']:.4f}")
+        sys.stdout.flush()
+        if val["acc_nonempty"] >= args.target:
+            reached = t
+            break
+        if t >= args.budget:
+            break
+        next_eval = t + args.eval_every
+    if args.save:
+        Path(args.save).parent.mkdir(parents=True, exist_ok=True)
+        save_checkpoint(trainer.state_dict(), args.save)
     if args.curve:
         Path(args.curve).parent.mkdir(parents=True, exist_ok=True)
         with open(args.curve, "w", newline="") as f:
@@ -93,7 +91,10 @@ def main(argv=None) -> dict:
 def evaluate_at(trainer: Trainer, ratio: float, max_batches: int) -> dict[str, float]:
     """Trainer.evaluate at another mask ratio: the same evaluate(), with `ratio` in place of the config's."""
     c = trainer.cfg
-    m = evaluate(trainer.model, trainer.val_images, c, ratio, c.seed, trainer.majority_class, max_batches=max_batches)
+    with autocast(c.train.precision, trainer.device):
+        m = evaluate(
+            trainer.model, trainer.val_images, c, ratio, c.seed, trainer.majority_class, max_batches=max_batches
+        )
     return {k: m[k] for k in ("acc", "acc_nonempty")}
 
 

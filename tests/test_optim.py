@@ -167,3 +167,13 @@ def test_bit_hits_counts_equal_bits_of_two_classes():
     target = torch.tensor([[0b1000, 0b0000]])
     # 1010 vs 1000: 3 equal bits; 1111 vs 0000: none
     assert int(bit_hits(pred, target, 4)) == 3
+
+
+def test_optimizer_is_fused_on_cuda_only():
+    from vitmask.config import TrainConfig
+    from vitmask.optim import build_optimizer
+
+    model = torch.nn.Linear(4, 4)
+    assert not build_optimizer(model, TrainConfig()).defaults.get("fused")
+    if torch.cuda.is_available():
+        assert build_optimizer(model.cuda(), TrainConfig()).defaults["fused"] is True

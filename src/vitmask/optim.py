@@ -34,7 +34,9 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
 
 def build_optimizer(model: torch.nn.Module, t: TrainConfig) -> torch.optim.Optimizer:
     cls = torch.optim.AdamW if t.optimizer == "adamw" else torch.optim.Adam
-    return cls(param_groups(model, t.weight_decay), lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps)
+    # on CUDA the fused kernel updates every tensor in one launch; the CPU keeps the default (foreach)
+    fused = next(model.parameters()).is_cuda
+    return cls(param_groups(model, t.weight_decay), lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps, fused=fused or None)
 
 
 def lr_factor(step: int, t: TrainConfig) -> float:
