@@ -25,8 +25,7 @@ from vitmask.checkpoint import save_checkpoint  # noqa: E402
 from vitmask.config import load_config  # noqa: E402
 from vitmask.data import load_splits  # noqa: E402
 from vitmask.errors import UserError  # noqa: E402
-from vitmask.evaluate import evaluate  # noqa: E402
-from vitmask.runtime import autocast, resolve_device  # noqa: E402
+from vitmask.runtime import resolve_device  # noqa: E402
 from vitmask.train import Trainer  # noqa: E402
 
 
@@ -60,9 +59,10 @@ def main(argv=None) -> dict:
         now = time.perf_counter() - START
         if now < next_eval and now < args.budget:
             continue
-        val = evaluate_at(trainer, args.ratio, args.eval_batches)
+        val = trainer.evaluate(args.eval_batches, args.ratio)
         t = time.perf_counter() - START
-        row = {"seconds": round(t, 2), "step": trainer.step, "loss": float(out["loss"]), **val}
+        row = {"seconds": round(t, 2), "step": trainer.step, "loss": float(out["loss"])}
+        row.update({k: val[k] for k in ("acc", "acc_nonempty")})
         curve.append(row)
         print(f"{t:7.1f}s  step {trainer.step:6d}  acc {val['acc']:.4f}  non-empty acc {val['acc_nonempty']:.4f}")
         sys.stdout.flush()
@@ -86,16 +86,6 @@ def main(argv=None) -> dict:
     else:
         print(f"reached non-empty acc {args.target} at {reached:.1f} s (step {trainer.step})")
     return {"reached_s": reached, "curve": curve}
-
-
-def evaluate_at(trainer: Trainer, ratio: float, max_batches: int) -> dict[str, float]:
-    """Trainer.evaluate at another mask ratio: the same evaluate(), with `ratio` in place of the config's."""
-    c = trainer.cfg
-    with autocast(c.train.precision, trainer.device):
-        m = evaluate(
-            trainer.model, trainer.val_images, c, ratio, c.seed, trainer.majority_class, max_batches=max_batches
-        )
-    return {k: m[k] for k in ("acc", "acc_nonempty")}
 
 
 if __name__ == "__main__":

@@ -180,13 +180,13 @@ class Trainer:
                 "lower train.lr, set train.grad_clip, or use train.precision=fp32"
             )
 
-    def evaluate(self, max_batches: int | None = None) -> dict[str, float]:
+    def evaluate(self, max_batches: int | None = None, ratio: float | None = None) -> dict[str, float]:
+        """Validation metrics at `ratio` (default mask.ratio) on train.eval_batches (or max_batches) batches."""
         c = self.cfg
         limit = c.train.eval_batches if max_batches is None else max_batches
+        ratio = c.mask.ratio if ratio is None else ratio
         with autocast(c.train.precision, self.device):
-            return evaluate(
-                self.model, self.val_images, c, c.mask.ratio, c.seed, self.majority_class, max_batches=limit
-            )
+            return evaluate(self.model, self.val_images, c, ratio, c.seed, self.majority_class, max_batches=limit)
 
     @torch.no_grad()
     def reconstruction(self) -> torch.Tensor:
