@@ -7,14 +7,15 @@ batch. Their steps alternate, one each, so both see the same machine load; on a 
 ratio vitmask / reference is the figure to trust, not the absolute numbers.
 
 The reference runs the common way by default: fp32, eager (--ref-autocast / --ref-compile change
-that), while vitmask runs with the --autocast and --compile given. Reported for each: training
+that), while vitmask runs as its config says; --autocast and --compile set its train.precision and
+train.compile, so the trainer's own autocast and torch.compile are what is timed. Reported for each: training
 images/s and tokens/s (median of timed steps after warm-up), the share of the step spent building
 the batch (timed alone and inside the step), peak memory (RSS on CPU, max allocated on CUDA),
 achieved FLOP/s from the analytic count (vitmask.params) and its percentage of a dense matmul peak
 measured in this run (2048^2 fp32 and bf16 on CPU, 8192^3 bf16 on CUDA), and eval images/s.
 
     python scripts/benchmark.py                                   # the CPU target model, batch 128
-    python scripts/benchmark.py --autocast bf16 --compile         # explore precision / compile
+    python scripts/benchmark.py --autocast bf16 --compile         # train.precision=bf16, train.compile=true
     python scripts/benchmark.py --set model.hidden_dim=512 --set model.depth=8 --set model.num_heads=8 \\
         --batch 1024 --device cuda                                # the large GPU config
 """
@@ -56,17 +57,22 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
     p.add_argument("--steps", type=int, default=20, help="timed steps for each of vitmask and the reference")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps first (more with --compile)")
-    p.add_argument("--autocast", choices=("none", "bf16", "fp16"), default="none", help="wrap steps in autocast")
-    p.add_argument("--compile", action="store_true", help="torch.compile both models")
+    p.add_argument(
+        "--autocast", choices=("none", "bf16", "fp16"), default=None, help="vitmask's train.precision (none = fp32)"
+    )
+    p.add_argument("--compile", action="store_true", help="vitmask with train.compile=true")
     p.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0 = torch's default)")
-    p.add_argument("--fused-adam", choices=("auto", "on", "off"), default="auto", help="auto = on for CUDA")
+    p.add_argument(
+        "--fused-adam", choices=("auto", "on", "off"), default="auto", help="the reference's Adam; auto = on for CUDA"
+    )
     p.add_argument(
         "--vs",
         action="append",
         default=[],
         metavar="SPEC",
         help="also time vitmask with comma-separated changes, e.g. model.attention=explicit,autocast=bf16 "
-        "(keys: config keys, autocast, compile); interleaved with the others (repeatable)",
+        "(config keys; autocast=X and compile=1 are short for train.precision and train.compile); "
+        "interleaved with the others (repeatable)",
     )
     p.add_argument("--no-reference", action="store_true", help="time vitmask only")
     p.add_argument("--ref-workers", type=int, default=0, help="DataLoader workers of the reference")
@@ -74,7 +80,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--ref-autocast",
         choices=("none", "bf16", "fp16", "same"),
         default="none",
-        help="the reference's precision: none (fp32, the common way) or same as vitmask's --autocast",
+        help="the reference's precision: none (fp32, the common way) or same as vitmask's train.precision",
     )
     p.add_argument("--ref-compile", action="store_true", help="torch.compile the reference too")
     p.add_argument("--eval-batches", type=int, default=4, help="eval batches (of 256 images) to time")
@@ -114,6 +120,7 @@ def peak_rss_mb() -> float:
 
 
 def use_fused_adam(model: torch.nn.Module, lr: float) -> torch.optim.Optimizer:
+    """The reference's Adam, fused (CUDA)."""
     return torch.optim.Adam(model.parameters(), lr=lr, fused=True)
 
 
@@ -148,13 +155,13 @@ class Timed:
         return statistics.median(times)
 
 
-def eval_images_per_s(trainer: Trainer, batches: int, amp: str) -> float:
-    with autocast_ctx(trainer.device, amp):
-        trainer.evaluate(max_batches=1)  # warm-up
-        sync(trainer.device)
-        t = time.perf_counter()
-        trainer.evaluate(max_batches=batches)
-        sync(trainer.device)
+def eval_images_per_s(trainer: Trainer, batches: int) -> float:
+    """Images/s of `trainer.evaluate` (which runs under the trainer's own precision)."""
+    trainer.evaluate(max_batches=1)  # warm-up
+    sync(trainer.device)
+    t = time.perf_counter()
+    trainer.evaluate(max_batches=batches)
+    sync(trainer.device)
     images = min(batches * 256, len(trainer.val_images))
     return images / (time.perf_counter() - t)
 
@@ -174,29 +181,34 @@ def summarise(t: Timed, batch: int, tokens: int, flops: int, peak: float, memory
     }
 
 
-def parse_vs(spec: str) -> tuple[list[str], str | None, bool | None]:
-    """'model.attention=explicit,autocast=bf16,compile=1' -> (config overrides, autocast, compile)."""
-    overrides, amp, comp = [], None, None
+PRECISION = {"none": "fp32", "bf16": "bf16", "fp16": "fp16"}  # --autocast value -> train.precision
+
+
+def parse_vs(spec: str) -> list[str]:
+    """'model.attention=explicit,autocast=bf16,compile=1' -> config overrides for vitmask."""
+    overrides = []
     for item in filter(None, spec.split(",")):
         key, _, value = item.partition("=")
         if key == "autocast":
-            if value not in ("none", "bf16", "fp16"):
+            if value not in PRECISION:
                 raise UserError(f"--vs autocast must be none, bf16 or fp16, got {value!r}")
-            amp = value
+            overrides.append(f"train.precision={PRECISION[value]}")
         elif key == "compile":
-            comp = value.lower() in ("1", "true", "on", "yes")
+            overrides.append(f"train.compile={str(value.lower() in ('1', 'true', 'on', 'yes')).lower()}")
         else:
             overrides.append(item)
-    return overrides, amp, comp
+    return overrides
 
 
-def build_vitmask(cfg, splits, device, amp: str, compile_: bool, fused: bool, name: str) -> tuple[Trainer, Timed]:
+def build_vitmask(cfg, splits, device, name: str) -> tuple[Trainer, Timed]:
+    """vitmask as it trains: the trainer applies its own autocast, compile and optimizer."""
     trainer = Trainer(cfg, splits, device)
-    if fused:
-        trainer.optimizer = use_fused_adam(trainer.model, cfg.train.lr)
-    if compile_:
-        trainer.model = torch.compile(trainer.model)
-    return trainer, Timed(name, trainer.sampler.sample, trainer.train_step, device, amp)
+    return trainer, Timed(name, trainer.sampler.sample, trainer.train_step, device, "none")
+
+
+def matmul_peak_for(cfg, peaks: dict[str, float]) -> float:
+    """The yardstick: the bf16 peak whenever autocast is on or on CUDA, else fp32's."""
+    return peaks["bf16"] if cfg.train.precision != "fp32" or "fp32" not in peaks else peaks["fp32"]
 
 
 def profile_steps(t: Timed, n: int) -> None:
@@ -216,8 +228,14 @@ def main(argv=None) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
-    specs = [(spec, *parse_vs(spec)) for spec in args.vs]  # bad specs fail before any work
-    cfg = load_config(args.config, [*DATA_OVERRIDES, f"data.batch_size={args.batch}", *args.set])
+    specs = [(spec, parse_vs(spec)) for spec in args.vs]  # bad specs fail before any work
+    ours_sets = []
+    if args.autocast is not None:
+        ours_sets.append(f"train.precision={PRECISION[args.autocast]}")
+    if args.compile:
+        ours_sets.append("train.compile=true")
+    base = [*DATA_OVERRIDES, f"data.batch_size={args.batch}", *args.set]
+    cfg = load_config(args.config, [*base, *ours_sets])
     fused = args.fused_adam == "on" or (args.fused_adam == "auto" and device.type == "cuda")
     m = cfg.model
     print(
@@ -228,7 +246,8 @@ def main(argv=None) -> dict:
     print(
         f"model d={m.hidden_dim} depth {m.depth} heads {m.num_heads} kv {m.kv_heads} ffn {m.ffn_dim} "
         f"{m.activation} {m.norm} pos {m.pos} attention {m.attention}; tokens {cfg.data.num_patches}, "
-        f"batch {args.batch}; autocast {args.autocast}, compile {args.compile}, fused adam {fused}; "
+        f"batch {args.batch}; precision {cfg.train.precision}, compile {cfg.train.compile}; "
+        f"reference fused adam {fused}, "
         f"reference autocast {args.ref_autocast}, compile {args.ref_compile}"
     )
 
@@ -237,17 +256,17 @@ def main(argv=None) -> dict:
         peaks = {"bf16": matmul_peak(8192, torch.bfloat16, device)}
     else:
         peaks = {"fp32": matmul_peak(2048, torch.float32, device), "bf16": matmul_peak(2048, torch.bfloat16, device)}
-    peak = peaks["bf16"] if args.autocast != "none" or device.type == "cuda" else peaks["fp32"]
+    peak = matmul_peak_for(cfg, peaks)
     print("matmul peak: " + ", ".join(f"{k} {v / 1e9:.0f} GFLOP/s" for k, v in peaks.items()))
 
     splits = load_splits(cfg)
     flops = train_flops_per_image(cfg)
-    warmup = args.warmup + (3 if args.compile else 0)
+    warmup = args.warmup + (3 if cfg.train.compile else 0)
 
     # vitmask, alone first, so its peak memory is its own
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    trainer, ours = build_vitmask(cfg, splits, device, args.autocast, args.compile, fused, "vitmask")
+    trainer, ours = build_vitmask(cfg, splits, device, "vitmask")
     for _ in range(warmup):
         ours.run(record=False)
     mem_ours = torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda" else peak_rss_mb()
@@ -261,21 +280,19 @@ def main(argv=None) -> dict:
             ref.optimizer = use_fused_adam(ref.model, cfg.train.lr)
         if args.ref_compile:
             ref.model = torch.compile(ref.model)
-        ref_amp = args.autocast if args.ref_autocast == "same" else args.ref_autocast
+        ours_amp = {v: k for k, v in PRECISION.items()}[cfg.train.precision]
+        ref_amp = ours_amp if args.ref_autocast == "same" else args.ref_autocast
         theirs = Timed("reference", ref.sample, ref.train_step, device, ref_amp)
         for _ in range(args.warmup + (3 if args.ref_compile else 0)):
             theirs.run(record=False)
         contenders.append(theirs)
     variants = []
-    for spec, overrides, amp, comp in specs:
-        vcfg = load_config(args.config, [*DATA_OVERRIDES, f"data.batch_size={args.batch}", *args.set, *overrides])
-        amp = args.autocast if amp is None else amp
-        comp = args.compile if comp is None else comp
-        vtrainer, v = build_vitmask(vcfg, splits, device, amp, comp, fused, spec)
-        for _ in range(args.warmup + (3 if comp else 0)):
+    for spec, overrides in specs:
+        vcfg = load_config(args.config, [*base, *ours_sets, *overrides])
+        vtrainer, v = build_vitmask(vcfg, splits, device, spec)
+        for _ in range(args.warmup + (3 if vcfg.train.compile else 0)):
             v.run(record=False)
-        vpeak = peaks["bf16"] if amp != "none" or device.type == "cuda" else peaks["fp32"]
-        variants.append((v, vtrainer, train_flops_per_image(vcfg), vpeak))
+        variants.append((v, vtrainer, vcfg, matmul_peak_for(vcfg, peaks)))
         contenders.append(v)
     for _ in range(args.steps):  # alternate, so both see the same load
         for c in contenders:
@@ -290,24 +307,25 @@ def main(argv=None) -> dict:
         "threads": torch.get_num_threads(),
         "command": " ".join(sys.argv),
         "config": cfg.to_dict(),
-        "autocast": args.autocast,
-        "compile": args.compile,
+        "precision": cfg.train.precision,
+        "compile": cfg.train.compile,
         "matmul_peak_gflops": {k: v / 1e9 for k, v in peaks.items()},
         "train_gflop_per_image": flops / 1e9,
     }
     tokens = cfg.data.num_patches
     results["vitmask"] = summarise(ours, args.batch, tokens, flops, peak, mem_ours)
     results["vitmask"]["batch_share_alone"] = ours.sample_alone_s(10) / statistics.median(ours.step_s)
-    results["vitmask"]["eval_images_per_s"] = eval_images_per_s(trainer, args.eval_batches, args.autocast)
+    results["vitmask"]["eval_images_per_s"] = eval_images_per_s(trainer, args.eval_batches)
     if not args.no_reference:
         ref_peak = peaks["bf16"] if ref_amp != "none" or device.type == "cuda" else peaks["fp32"]
         results["reference"] = summarise(theirs, args.batch, tokens, flops, ref_peak, mem_ref)
         results["reference"]["batch_share_alone"] = theirs.sample_alone_s(10) / statistics.median(theirs.step_s)
         results["ratio"] = results["vitmask"]["images_per_s"] / results["reference"]["images_per_s"]
     results["variants"] = {}
-    for v, vtrainer, vflops, vpeak in variants:
-        out = summarise(v, args.batch, tokens, vflops, vpeak, float("nan"))
-        out["eval_images_per_s"] = eval_images_per_s(vtrainer, args.eval_batches, v.amp)
+    for v, vtrainer, vcfg, vpeak in variants:
+        out = summarise(v, args.batch, tokens, train_flops_per_image(vcfg), vpeak, float("nan"))
+        out["precision"], out["compile"] = vcfg.train.precision, vcfg.train.compile
+        out["eval_images_per_s"] = eval_images_per_s(vtrainer, args.eval_batches)
         out["vs_vitmask"] = out["images_per_s"] / results["vitmask"]["images_per_s"]
         if "reference" in results:
             out["vs_reference"] = out["images_per_s"] / results["reference"]["images_per_s"]

@@ -19,7 +19,8 @@ def run_bench(*args: str) -> subprocess.CompletedProcess:
 
 def test_benchmark_reports_vitmask_reference_and_variant(tiny_config, tmp_path):
     out = tmp_path / "bench.json"
-    res = run_bench("--config", tiny_config, "--eval-batches", "1", "--vs", "model.attention=explicit", "--json", out)
+    variants = ("--vs", "model.attention=explicit", "--vs", "autocast=bf16")
+    res = run_bench("--config", tiny_config, "--eval-batches", "1", *variants, "--json", out)
     assert res.returncode == 0, res.stderr
     r = json.loads(out.read_text())
     for name in ("vitmask", "reference"):
@@ -30,7 +31,9 @@ def test_benchmark_reports_vitmask_reference_and_variant(tiny_config, tmp_path):
     assert r["vitmask"]["eval_images_per_s"] > 0
     assert r["ratio"] == r["vitmask"]["images_per_s"] / r["reference"]["images_per_s"]
     assert set(r["matmul_peak_gflops"]) == {"fp32", "bf16"}
+    assert r["precision"] == "fp32" and not r["compile"]
     assert r["variants"]["model.attention=explicit"]["images_per_s"] > 0
+    assert r["variants"]["autocast=bf16"]["precision"] == "bf16"  # the trainer's own train.precision
     assert "vitmask / reference (train images/s)" in res.stdout
 
 

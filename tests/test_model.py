@@ -145,3 +145,39 @@ def test_masked_pixels_do_not_reach_the_model():
     y = x.clone()
     y[0, 3] = 1 - y[0, 3]  # change only the hidden patch
     torch.testing.assert_close(model(x, mask), model(y, mask))
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [
+        {},
+        {"pos": "rope2d", "num_kv_heads": 2},
+        {"norm_position": "post", "attention": "explicit"},
+        {"qkv_bias": False, "activation": "swiglu", "norm": "rmsnorm", "out_proj": False},
+    ],
+)
+def test_last_block_on_masked_tokens_only_equals_the_full_forward(variant):
+    # with ids, the last block computes only the masked tokens: logits and every gradient must be
+    # those of the full forward pass read at the same tokens, each image at its own positions
+    torch.manual_seed(0)
+    mcfg = ModelConfig(hidden_dim=32, num_heads=4, depth=2, ffn_dim=64, **variant)
+    model = MaskedPatchViT(mcfg, 64, 4, 16, "learned")
+    x = torch.randint(0, 2, (3, 64, 4)).float()
+    ids = torch.stack([torch.randperm(64)[:24] for _ in range(3)])  # (3, 24), different per image
+    mask = torch.zeros(3, 64, dtype=torch.bool).scatter_(1, ids, True)
+    targets = torch.randint(0, 16, (3, 24))
+
+    def loss_and_grads(logits):
+        model.zero_grad()
+        loss = nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        loss.backward()
+        return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    part = model(x, mask, ids)  # (3, 24, 16)
+    full = model(x, mask).gather(1, ids.unsqueeze(-1).expand(-1, -1, 16))  # (3, 24, 16)
+    torch.testing.assert_close(part, full)
+    loss_p, grads_p = loss_and_grads(model(x, mask, ids))
+    loss_f, grads_f = loss_and_grads(model(x, mask).gather(1, ids.unsqueeze(-1).expand(-1, -1, 16)))
+    torch.testing.assert_close(loss_p, loss_f)
+    for name in grads_f:
+        torch.testing.assert_close(grads_p[name], grads_f[name], msg=name)

@@ -67,11 +67,11 @@ def hand_attention(x, attn, num_heads, num_kv_heads, rope=None):
 
 
 @pytest.mark.parametrize("num_kv_heads", [1, 2, 4])
-@pytest.mark.parametrize("explicit", [False, True])
-def test_grouped_query_attention_equals_hand_written(num_kv_heads, explicit):
+@pytest.mark.parametrize("mode", ["sdpa", "explicit"])
+def test_grouped_query_attention_equals_hand_written(num_kv_heads, mode):
     torch.manual_seed(num_kv_heads)
     D, H = 16, 4
-    attn = Attention(D, H, True, True, 0.0, num_kv_heads=num_kv_heads, explicit=explicit).eval()
+    attn = Attention(D, H, True, True, 0.0, num_kv_heads=num_kv_heads, mode=mode).eval()
     assert attn.qkv.weight.shape == (D + 2 * num_kv_heads * (D // H), D)
     x = torch.randn(2, 9, D)
     torch.testing.assert_close(attn(x), hand_attention(x, attn, H, num_kv_heads), rtol=1e-5, atol=1e-5)
@@ -210,7 +210,7 @@ def test_flop_count_matches_torch_flop_counter(variant):
         ("model.pos=rope", ("model.pos", "learned, sincos2d, rope2d")),
         ("model.norm=batchnorm", ("model.norm", "rmsnorm")),
         ("model.activation=geglu", ("model.activation", "swiglu")),
-        ("model.attention=flash", ("model.attention", "sdpa, explicit")),
+        ("model.attention=flash", ("model.attention", "auto, sdpa, explicit")),
         ("model.hidden_dim=24", ("rope2d", "model.num_heads")),  # with rope2d and 4 heads: head dim 6
     ],
 )
@@ -227,3 +227,19 @@ def test_bad_variant_setting_from_the_cli_is_one_line_and_exit_2(tiny_config):
     sets = ("model.pos=rope2d", "model.hidden_dim=24", "model.num_heads=4")
     res = run_cli("config", "--config", tiny_config, *(a for s in sets for a in ("--set", s)))
     assert_user_error(res, "rope2d", "model.num_heads")
+
+
+def test_auto_attention_is_sdpa_in_fp32_and_the_written_out_form_under_cpu_bf16():
+    torch.manual_seed(5)
+    modules = {m: Attention(32, 4, True, True, 0.0, mode=m).eval() for m in ("auto", "sdpa", "explicit")}
+    for m in ("sdpa", "explicit"):
+        modules[m].load_state_dict(modules["auto"].state_dict())
+    x = torch.randn(2, 16, 32)
+    out = {m: a(x) for m, a in modules.items()}
+    assert torch.equal(out["auto"], out["sdpa"])
+    torch.testing.assert_close(out["explicit"], out["sdpa"], rtol=1e-5, atol=1e-5)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        low = {m: a(x) for m, a in modules.items()}
+    assert low["auto"].dtype == torch.bfloat16
+    assert torch.equal(low["auto"], low["explicit"])
+    torch.testing.assert_close(low["auto"].float(), out["sdpa"], rtol=0.05, atol=0.05)

@@ -145,7 +145,8 @@ class ModelConfig:
     dropout: float = 0.0  # dropout on attention weights and on each residual branch
     num_kv_heads: int = 0  # key/value heads for grouped-query attention; 0 = num_heads (plain multi-head)
     pos: str = "learned"  # positions: learned (added) | sincos2d (fixed 2D sin-cos, added) | rope2d (2D rotary)
-    attention: str = "sdpa"  # sdpa (F.scaled_dot_product_attention) | explicit (softmax(Q K^T / sqrt(d)) V)
+    # auto: SDPA, except on CPU under bf16/fp16 autocast, where the written-out form trains faster
+    attention: str = "auto"  # auto | sdpa (F.scaled_dot_product_attention) | explicit (softmax(Q K^T / sqrt(d)) V)
 
     @property
     def kv_heads(self) -> int:
@@ -185,7 +186,7 @@ class ModelConfig:
                 "model.pos",
                 f"rope2d needs hidden_dim / num_heads divisible by 4, got {self.head_dim}; change model.num_heads",
             )
-        _choice(self.attention, "model.attention", ("sdpa", "explicit"))
+        _choice(self.attention, "model.attention", ("auto", "sdpa", "explicit"))
 
 
 @dataclass(frozen=True)

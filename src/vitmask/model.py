@@ -53,11 +53,17 @@ def rope_2d_angles(head_dim: int, grid: int) -> torch.Tensor:
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate each pair (x_2i, x_2i+1) by its angle: [[cos, -sin], [sin, cos]] (seed 002).
 
-    x (B, H, N, d); cos, sin (N, d/2). Returns (B, H, N, d) in x's dtype.
+    x (B, H, N, d); cos, sin (N, d/2), or (B, 1, N, d/2) per image. Returns (B, H, N, d) in x's dtype.
     """
     x0, x1 = x.unflatten(-1, (-1, 2)).unbind(-1)  # 2 x (B, H, N, d/2)
     y = torch.stack([x0 * cos - x1 * sin, x0 * sin + x1 * cos], dim=-1)  # (B, H, N, d/2, 2)
     return y.flatten(-2).type_as(x)  # (B, H, N, d)
+
+
+def gather_tokens(x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """x (B, N, ...) and ids (B, M) -> (B, M, ...): each image's tokens at its own indices."""
+    index = ids.view(*ids.shape, *(1,) * (x.dim() - 2)).expand(-1, -1, *x.shape[2:])
+    return x.gather(1, index)
 
 
 def split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
@@ -76,7 +82,8 @@ class Attention(nn.Module):
     """Multi-head self-attention: softmax(Q K^T / sqrt(d)) V per head, through SDPA or written out.
 
     With K < H key/value heads (grouped-query attention), query head h reads key/value head
-    h // (H / K). Rotary positions, when given, turn Q and K before the scores.
+    h // (H / K). Rotary positions, when given, turn Q and K before the scores. With `ids`, only
+    the tokens in ids ask queries (every token still gives keys and values): the output is theirs.
     """
 
     def __init__(
@@ -87,34 +94,52 @@ class Attention(nn.Module):
         out_proj: bool,
         dropout: float,
         num_kv_heads: int = 0,
-        explicit: bool = False,
+        mode: str = "auto",
     ):
         super().__init__()
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads or num_heads
         self.dropout = dropout
-        self.explicit = explicit
+        self.mode = mode  # auto | sdpa | explicit (ModelConfig.attention)
         kv_dim = self.num_kv_heads * (dim // num_heads)
         self.split = (dim, kv_dim, kv_dim)
         self.qkv = nn.Linear(dim, dim + 2 * kv_dim, bias=qkv_bias)  # W_q, W_k, W_v stacked: one matmul
         self.proj = nn.Linear(dim, dim) if out_proj else nn.Identity()
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-        q, k, v = self.qkv(x).split(self.split, dim=-1)  # (B, N, D), 2 x (B, N, K*d)
-        q = split_heads(q, self.num_heads)  # (B, H, N, d)
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+        ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """x (B, N, D) -> (B, N, D), or (B, M, D) for the M query tokens in ids (B, M)."""
+        if ids is None:
+            q, k, v = self.qkv(x).split(self.split, dim=-1)  # (B, N, D), 2 x (B, N, K*d)
+            rope_q = rope
+        else:  # the same weights, cut in two: Q for the M selected tokens, K and V for all N
+            cut = (self.split[0], 2 * self.split[1])
+            w_q, w_kv = self.qkv.weight.split(cut)
+            b_q, b_kv = self.qkv.bias.split(cut) if self.qkv.bias is not None else (None, None)
+            q = F.linear(gather_tokens(x, ids), w_q, b_q)  # (B, M, D)
+            k, v = F.linear(x, w_kv, b_kv).split(self.split[1:], dim=-1)  # 2 x (B, N, K*d)
+            rope_q = None if rope is None else tuple(r[ids].unsqueeze(1) for r in rope)  # 2 x (B, 1, M, d/2)
+        q = split_heads(q, self.num_heads)  # (B, H, N or M, d)
         k, v = split_heads(k, self.num_kv_heads), split_heads(v, self.num_kv_heads)  # 2 x (B, K, N, d)
         if rope is not None:
-            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+            q, k = apply_rope(q, *rope_q), apply_rope(k, *rope)
         if self.num_kv_heads != self.num_heads:
             group = self.num_heads // self.num_kv_heads
             k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # 2 x (B, H, N, d)
         p = self.dropout if self.training else 0.0
-        if self.explicit:
-            a = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]), dim=-1)  # (B, H, N, N)
+        if self.mode == "explicit" or (self.mode == "auto" and q.device.type == "cpu" and q.dtype != torch.float32):
+            # on CPU in bf16 this beats SDPA's flash kernel 1.5x per training step (its backward is
+            # slow); scaling Q, not the (N, N) scores, is cheaper and keeps torch.compile from
+            # rewriting it back into SDPA (docs/benchmarks.md)
+            a = torch.softmax((q * q.shape[-1] ** -0.5) @ k.transpose(-1, -2), dim=-1)  # (B, H, N, N)
             y = F.dropout(a, p) @ v  # (B, H, N, d)
         else:
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=p)  # (B, H, N, d)
-        return self.proj(merge_heads(y))  # (B, N, D)
+        return self.proj(merge_heads(y))  # (B, N or M, D)
 
 
 class FeedForward(nn.Module):
@@ -147,24 +172,36 @@ def make_norm(kind: str, dim: int) -> nn.Module:
 
 
 class Block(nn.Module):
-    """Attention then FFN, each a residual branch. Pre-norm: x + f(norm(x)); post-norm: norm(x + f(x))."""
+    """Attention then FFN, each a residual branch. Pre-norm: x + f(norm(x)); post-norm: norm(x + f(x)).
+
+    With `ids`, the block computes only the tokens in ids (attending to all N): the model's last
+    block does so for the masked tokens, the only ones the head reads.
+    """
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         d = cfg.hidden_dim
         self.pre_norm = cfg.norm_position == "pre"
         self.norm1 = make_norm(cfg.norm, d)
-        explicit = cfg.attention == "explicit"
-        self.attn = Attention(d, cfg.num_heads, cfg.qkv_bias, cfg.out_proj, cfg.dropout, cfg.num_kv_heads, explicit)
+        self.attn = Attention(
+            d, cfg.num_heads, cfg.qkv_bias, cfg.out_proj, cfg.dropout, cfg.num_kv_heads, mode=cfg.attention
+        )
         self.norm2 = make_norm(cfg.norm, d)
         self.ffn = FeedForward(d, cfg.ffn_dim, cfg.activation)
         self.drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+        ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """x (B, N, D) -> (B, N, D), or (B, M, D) for the tokens in ids (B, M)."""
+        res = x if ids is None else gather_tokens(x, ids)  # (B, N or M, D)
         if self.pre_norm:
-            x = x + self.drop(self.attn(self.norm1(x), rope))
+            x = res + self.drop(self.attn(self.norm1(x), rope, ids))
             return x + self.drop(self.ffn(self.norm2(x)))
-        x = self.norm1(x + self.drop(self.attn(x, rope)))
+        x = self.norm1(res + self.drop(self.attn(x, rope, ids)))
         return self.norm2(x + self.drop(self.ffn(x)))
 
 
@@ -229,10 +266,10 @@ class MaskedPatchViT(nn.Module):
         if self.pos is not None:
             x = x + self.pos  # (B, N, D)
         rope = (self.rope_cos, self.rope_sin) if self.pos_kind == "rope2d" else None
-        for block in self.blocks:
+        for block in self.blocks[:-1]:
             x = block(x, rope)  # (B, N, D)
-        if ids is not None:
-            x = x.gather(1, ids.unsqueeze(-1).expand(-1, -1, x.shape[-1]))  # (B, M, D)
+        # the last block computes only the tokens the head reads: the masked ones when ids is given
+        x = self.blocks[-1](x, rope, ids)  # (B, M or N, D)
         return self.head(self.norm(x))  # (B, M or N, C)
 
 

@@ -6,6 +6,8 @@ Precision: fp32 runs as is; bf16 runs the forward pass under `torch.autocast`; f
 """
 
 import contextlib
+import ctypes
+import ctypes.util
 import os
 import random
 import shutil
@@ -65,6 +67,37 @@ def check_compile(device: torch.device) -> None:
                 f"train.compile=true on CPU needs a C++ compiler ({', '.join(candidates)}) and none was found; "
                 "install one, set CXX, or use --set train.compile=false"
             )
+
+
+M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # glibc mallopt parameters (malloc.h)
+ALLOCATOR_ENV = ("MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "GLIBC_TUNABLES", "LD_PRELOAD")
+_allocator_tuned = False
+
+
+def keep_freed_memory() -> bool:
+    """Make glibc malloc keep freed memory in the process instead of handing it back to the OS.
+
+    By default glibc serves every block over its mmap threshold (128 KB, rising to at most 32 MB)
+    with a fresh mmap and unmaps it on free, so each training step page-faults its activations in
+    again (a (B, H, N, N) bf16 score tensor at batch 128 is 67 MB). On the 2-core VM of
+    docs/benchmarks.md this costs up to 2x in attention and 1.2-1.4x per step. Blocks now come
+    from the heap and stay there for the next step; peak memory is unchanged. Skipped when the
+    user has chosen an allocator setting (MALLOC_* or GLIBC_TUNABLES set, or an LD_PRELOAD), or
+    libc is not glibc. Returns whether the setting was applied.
+    """
+    global _allocator_tuned
+    if _allocator_tuned:
+        return True
+    if any(os.environ.get(k) for k in ALLOCATOR_ENV):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # not glibc (macOS, musl without mallopt)
+        return False
+    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+    _allocator_tuned = bool(mallopt(M_MMAP_MAX, 0)) and bool(mallopt(M_TRIM_THRESHOLD, 2**31 - 1))
+    return _allocator_tuned
 
 
 def seed_everything(seed: int) -> None:

@@ -43,6 +43,7 @@ from vitmask.runtime import (
     check_compile,
     check_precision,
     grad_scaler,
+    keep_freed_memory,
     rng_state,
     seed_everything,
     set_deterministic,
@@ -92,6 +93,8 @@ class Trainer:
         t = cfg.train
         self.world = world or World()
         check_precision(t.precision, device)
+        if device.type == "cpu":
+            keep_freed_memory()  # no page faults on every step's activations (runtime.py)
         distributed.check_batch(cfg.data.batch_size, t.accum_steps, self.world)
         if t.compile:
             check_compile(device)
