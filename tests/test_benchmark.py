@@ -32,6 +32,10 @@ def test_benchmark_reports_vitmask_reference_and_variant(tiny_config, tmp_path):
     assert r["ratio"] == r["vitmask"]["images_per_s"] / r["reference"]["images_per_s"]
     assert set(r["matmul_peak_gflops"]) == {"fp32", "bf16"}
     assert r["precision"] == "fp32" and not r["compile"]
+    # the reference computes every token in every block, vitmask's last block only the masked ones
+    assert r["reference_train_gflop_per_image"] > r["train_gflop_per_image"]
+    for name, per_image in (("vitmask", "train_gflop_per_image"), ("reference", "reference_train_gflop_per_image")):
+        assert math.isclose(r[name]["achieved_gflops"], r[name]["images_per_s"] * r[per_image])
     assert r["variants"]["model.attention=explicit"]["images_per_s"] > 0
     assert r["variants"]["autocast=bf16"]["precision"] == "bf16"  # the trainer's own train.precision
     assert "vitmask / reference (train images/s)" in res.stdout
