@@ -50,6 +50,7 @@ def test_freed_memory_is_reused_without_page_faults():
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc mallopt")
-def test_a_users_allocator_setting_is_left_alone():
-    applied, _ = probe("tuned", MALLOC_ARENA_MAX="2", MALLOC_MMAP_THRESHOLD_="1000000")
+@pytest.mark.parametrize("env", [{"MALLOC_ARENA_MAX": "2"}, {"GLIBC_TUNABLES": "glibc.malloc.mmap_max=0"}])
+def test_a_users_allocator_setting_is_left_alone(env):
+    applied, _ = probe("tuned", **env)
     assert applied == "False"

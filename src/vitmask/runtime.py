@@ -70,7 +70,7 @@ def check_compile(device: torch.device) -> None:
 
 
 M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # glibc mallopt parameters (malloc.h)
-ALLOCATOR_ENV = ("MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "GLIBC_TUNABLES", "LD_PRELOAD")
+ALLOCATOR_ENV = ("GLIBC_TUNABLES", "LD_PRELOAD")  # besides every MALLOC_* variable
 _allocator_tuned = False
 
 
@@ -81,14 +81,15 @@ def keep_freed_memory() -> bool:
     with a fresh mmap and unmaps it on free, so each training step page-faults its activations in
     again (a (B, H, N, N) bf16 score tensor at batch 128 is 67 MB). On the 2-core VM of
     docs/benchmarks.md this costs up to 2x in attention and 1.2-1.4x per step. Blocks now come
-    from the heap and stay there for the next step; peak memory is unchanged. Skipped when the
-    user has chosen an allocator setting (MALLOC_* or GLIBC_TUNABLES set, or an LD_PRELOAD), or
-    libc is not glibc. Returns whether the setting was applied.
+    from the heap and are reused by the next step, so the peak does not grow, but the process
+    keeps its peak resident until it exits. Skipped when the user has chosen an allocator
+    setting (any MALLOC_* variable, GLIBC_TUNABLES or LD_PRELOAD set), or libc is not glibc.
+    Returns whether the setting was applied.
     """
     global _allocator_tuned
     if _allocator_tuned:
         return True
-    if any(os.environ.get(k) for k in ALLOCATOR_ENV):
+    if any(os.environ.get(k) for k in ALLOCATOR_ENV) or any(k.startswith("MALLOC_") for k in os.environ):
         return False
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
