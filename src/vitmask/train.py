@@ -122,6 +122,7 @@ class Trainer:
         self.best_val_loss = math.inf
         self._sums = torch.zeros(len(SUMS), device=device)  # running sums since the last log
         self._since_log = 0
+        self._masked_since_log = 0  # masked patches per rank since the last log (M varies with the schedule)
         self._bad_step = torch.zeros((), dtype=torch.long, device=device)  # first non-finite step; 0 = none
         self._lr = t.lr
         self._signal: int | None = None
@@ -172,6 +173,7 @@ class Trainer:
         stats = torch.stack([loss, grad_norm, hit.sum(), (hit & filled).sum(), filled.sum(), bits]).float()
         self._sums += stats
         self._since_log += 1
+        self._masked_since_log += targets.numel()  # shapes are known on the host: no sync
         return {"loss": loss, "acc": hit.float().mean(), "grad_norm": grad_norm}
 
     def check_finite(self) -> None:
@@ -299,7 +301,7 @@ class Trainer:
         self.check_finite()
         now = time.perf_counter()
         n = self._since_log
-        count = n * self.cfg.data.batch_size // self.world.size * self.sampler.num_mask  # masked patches per rank
+        count = self._masked_since_log  # masked patches per rank
         metrics = {
             "train/loss": loss / n,
             "train/acc": hits / count,
@@ -313,6 +315,7 @@ class Trainer:
             metrics["train/peak_mem_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
         self._sums.zero_()
         self._since_log = 0
+        self._masked_since_log = 0
         self._window_start = now
         if not self.world.main:
             return
