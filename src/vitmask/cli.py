@@ -76,7 +76,9 @@ def eval_(
     mask_ratio: list[float] = typer.Option(
         [], "--mask-ratio", help="Share of patches masked (repeatable, e.g. 0.25 0.5 0.75); default the config's."
     ),
-    seed: int = typer.Option(0, "--seed", help="Seed of the evaluation masks: the same seed gives the same numbers."),
+    seed: int = typer.Option(
+        0, "--seed", help="Seed of the evaluation masks and --nll draws: the same seed gives the same numbers."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the same numbers as one JSON object."),
     strategy: str = typer.Option(
         None, "--strategy", help="random | block: the masks at each --mask-ratio; default the config's (mixed: random)."
@@ -97,7 +99,8 @@ def eval_(
     device: str = DeviceOpt,
 ) -> None:
     """Score a checkpoint on masked patches beside three baselines on the same masks: the majority
-    class, the per-position majority and an 8-neighbour lookup table learned from the train split."""
+    class, the per-position majority and an 8-neighbour lookup table learned from the train split.
+    With --nll, also an upper bound on each image's negative log-likelihood."""
     from vitmask.evaluate import format_report
     from vitmask.likelihood import format_nll
 
