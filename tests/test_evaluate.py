@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from vitmask.config import config_from_dict
 from vitmask.data import eval_batches
-from vitmask.evaluate import Tally, evaluate, format_report, patch_label
+from vitmask.evaluate import evaluate, format_report, patch_label
 from vitmask.patches import classes_to_patches, patches_to_classes
 from vitmask.shapes import make_splits
 
@@ -39,24 +39,6 @@ class Constant(torch.nn.Module):
 
 def images():
     return make_splits(40, 1, 1, 8, seed=3)["train"]  # (40, 8, 8)
-
-
-def test_tally_on_hand_made_predictions():
-    t = Tally(16, torch.device("cpu"))
-    t.add(torch.tensor([[0, 1, 3, 4]]), torch.tensor([[0, 0, 3, 5]]))
-    s = t.summary()
-    assert s["acc"] == 0.5
-    assert s["acc_nonempty"] == 0.5  # classes 3 and 5 are non-empty; 3 is right
-    assert s["bit_acc"] == 1 - 2 / 16  # 0 vs 1 and 5 (0101) vs 4 (0100): one wrong pixel each
-    assert t.per_class() == [
-        {"class": 0, "patches": 2, "acc": 0.5},
-        {"class": 3, "patches": 1, "acc": 1.0},
-        {"class": 5, "patches": 1, "acc": 0.0},
-    ]
-    assert sorted((c["true"], c["pred"], c["patches"], c["share"]) for c in t.confusions()) == [
-        (0, 1, 1, 0.5),
-        (5, 4, 1, 1.0),
-    ]
 
 
 def test_a_perfect_predictor_scores_one():

@@ -9,7 +9,7 @@ from torch import nn
 from vitmask.config import config_from_dict
 from vitmask.data import load_splits
 from vitmask.optim import lr_factor, param_groups
-from vitmask.train import Trainer, bit_hits
+from vitmask.train import Trainer
 
 from .conftest import TINY
 
@@ -160,13 +160,6 @@ def test_compiled_and_plain_models_share_checkpoints():
     compiled.load_state_dict(prefixed)  # keys written by a compiled module load too
     for k, v in other.model.state_dict().items():
         assert torch.equal(compiled.model.state_dict()[k], v), k
-
-
-def test_bit_hits_counts_equal_bits_of_two_classes():
-    pred = torch.tensor([[0b1010, 0b1111]])
-    target = torch.tensor([[0b1000, 0b0000]])
-    # 1010 vs 1000: 3 equal bits; 1111 vs 0000: none
-    assert int(bit_hits(pred, target, 4)) == 3
 
 
 def test_optimizer_is_fused_on_cuda_only():

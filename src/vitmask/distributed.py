@@ -67,6 +67,13 @@ def all_max(t: torch.Tensor, world: World) -> torch.Tensor:
     return t
 
 
+def all_sum(t: torch.Tensor, world: World) -> torch.Tensor:
+    """Elementwise sum of `t` over ranks, in place (a no-op in a world of one)."""
+    if world.distributed:
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t
+
+
 def all_mean(t: torch.Tensor, world: World) -> torch.Tensor:
     """Elementwise mean of `t` over ranks, in place."""
     if world.distributed:

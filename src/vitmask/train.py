@@ -34,10 +34,10 @@ from vitmask.distributed import World
 from vitmask.errors import UserError
 from vitmask.evaluate import class_counts, evaluate
 from vitmask.masking import num_masked, random_mask
+from vitmask.metrics import MaskedPatchMetrics
 from vitmask.metrics_log import NullLogger
 from vitmask.model import build_model
 from vitmask.optim import build_optimizer, build_scheduler
-from vitmask.patches import classes_to_patches
 from vitmask.runtime import (
     autocast,
     check_compile,
@@ -50,8 +50,6 @@ from vitmask.runtime import (
     set_rng_state,
 )
 
-# Device-side sums per logging window, in this order.
-SUMS = ("loss", "grad_norm", "hits", "hits_nonempty", "count_nonempty", "bit_hits")
 GRID_IMAGES = 8  # val images in the TensorBoard reconstruction grid
 
 
@@ -66,11 +64,6 @@ class Interrupted(Exception):
 def masked_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean cross-entropy over masked patches: logits (B, M, C), targets (B, M) -> scalar."""
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
-
-
-def bit_hits(pred: torch.Tensor, targets: torch.Tensor, num_bits: int) -> torch.Tensor:
-    """How many pixels (bits) of the predicted classes match the true ones: (B, M) x 2 -> scalar."""
-    return (classes_to_patches(pred, num_bits) == classes_to_patches(targets, num_bits)).sum()
 
 
 def split_batch(batch: Batch, parts: int) -> list[Batch]:
@@ -120,7 +113,8 @@ class Trainer:
         self.grid_batch = self._grid_batch()
         self.step = 0
         self.best_val_loss = math.inf
-        self._sums = torch.zeros(len(SUMS), device=device)  # running sums since the last log
+        self.train_metrics = MaskedPatchMetrics(cfg.data.num_classes, device)  # since the last log
+        self._grad_norm_sum = torch.zeros((), device=device)
         self._since_log = 0
         self._bad_step = torch.zeros((), dtype=torch.long, device=device)  # first non-finite step; 0 = none
         self._lr = t.lr
@@ -149,7 +143,7 @@ class Trainer:
             with sync:
                 with autocast(t.precision, self.device):
                     logits = self.net(mb.patches, mb.mask, mb.ids)  # (b, M, C)
-                loss = masked_loss(logits, mb.targets.gather(1, mb.ids))
+                loss = masked_loss(logits, mb.masked_targets)
                 self.scaler.scale(loss / len(micro)).backward()
             losses.append(loss.detach())
             preds.append(logits.detach().argmax(-1))  # (b, M)
@@ -164,15 +158,12 @@ class Trainer:
 
         loss = torch.stack(losses).mean()
         pred = torch.cat(preds)  # (B, M)
-        targets = batch.targets.gather(1, batch.ids)  # (B, M)
-        hit = pred == targets
-        filled = targets != 0
+        targets = batch.masked_targets  # (B, M)
         self._bad_step = torch.where((self._bad_step == 0) & ~torch.isfinite(loss), self.step, self._bad_step)
-        bits = bit_hits(pred, targets, self.cfg.data.patch_dim)
-        stats = torch.stack([loss, grad_norm, hit.sum(), (hit & filled).sum(), filled.sum(), bits]).float()
-        self._sums += stats
+        self.train_metrics.add(pred, targets, loss * targets.numel())  # the step's mean loss over its patches
+        self._grad_norm_sum += grad_norm
         self._since_log += 1
-        return {"loss": loss, "acc": hit.float().mean(), "grad_norm": grad_norm}
+        return {"loss": loss, "acc": (pred == targets).float().mean(), "grad_norm": grad_norm}
 
     def check_finite(self) -> None:
         """Raise a UserError naming the first step with a non-finite loss, if there was one (a host sync)."""
@@ -294,24 +285,24 @@ class Trainer:
             ) from None
 
     def _log_train(self, bar, progress: bool) -> None:
-        sums = distributed.all_mean(self._sums.clone(), self.world)  # counts: the mean over ranks is fine
-        loss, grad_norm, hits, hits_ne, count_ne, bit_hits = sums.tolist()  # the sync, on logging steps
+        sums = self.train_metrics.read(self.world)  # the sync, on logging steps
+        grad_norm = float(self._grad_norm_sum)  # the same on every rank: DDP averages the gradients
         self.check_finite()
         now = time.perf_counter()
         n = self._since_log
-        count = n * self.cfg.data.batch_size // self.world.size * self.sampler.num_mask  # masked patches per rank
         metrics = {
-            "train/loss": loss / n,
-            "train/acc": hits / count,
-            "train/acc_nonempty": hits_ne / count_ne if count_ne else float("nan"),
-            "train/bit_acc": bit_hits / (count * self.cfg.data.patch_dim),
+            "train/loss": sums["loss"],
+            "train/acc": sums["acc"],
+            "train/acc_nonempty": sums["acc_nonempty"],
+            "train/bit_acc": sums["bit_acc"],
             "train/lr": self._lr,
             "train/grad_norm": grad_norm / n,
             "train/images_per_s": n * self.cfg.data.batch_size / max(now - self._window_start, 1e-9),
         }
         if self.device.type == "cuda":
             metrics["train/peak_mem_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
-        self._sums.zero_()
+        self.train_metrics.reset()
+        self._grad_norm_sum.zero_()
         self._since_log = 0
         self._window_start = now
         if not self.world.main:
