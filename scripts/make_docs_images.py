@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from vitmask import runner
+from vitmask.checkpoint import load_model
 from vitmask.data import eval_batches, load_splits
 from vitmask.evaluate import format_report
 from vitmask.inpaint import boxes_to_mask, fill, fill_accuracy, pixels_to_patches
@@ -50,7 +51,7 @@ def main(argv: list[str] | None = None) -> None:
     print(table)
     runner.reconstruct(a.checkpoint, out / "reconstruct.png", a.n, None, a.split, a.seed, a.device)
 
-    model, cfg, _ = runner.load_model(a.checkpoint, device)
+    model, cfg, _ = load_model(a.checkpoint, device)
     d = cfg.data
     images = load_splits(cfg)[a.split][: max(a.images, a.n)].to(device)  # (n, S, S)
     box = centre_box(d.image_size)

@@ -24,7 +24,10 @@ SEED_NAMES = {
 }
 
 
-def param_rows(model: nn.Module) -> list[tuple[str, tuple[int, ...], int, str]]:
+ParamRow = tuple[str, tuple[int, ...], int, str]  # tensor name, shape, parameter count, the seed's name
+
+
+def param_rows(model: nn.Module) -> list[ParamRow]:
     rows = []
     for name, p in model.named_parameters():
         short = name.split(".", 2)[-1] if name.startswith("blocks.") else name
@@ -32,8 +35,7 @@ def param_rows(model: nn.Module) -> list[tuple[str, tuple[int, ...], int, str]]:
     return rows
 
 
-def format_table(model: nn.Module) -> str:
-    rows = param_rows(model)
+def format_table(rows: list[ParamRow]) -> str:
     width = max(len(r[0]) for r in rows)
     lines = [f"{'tensor':<{width}}  {'shape':<14} {'params':>12}  seed"]
     for name, shape, n, seed in rows:

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from vitmask import distributed
-from vitmask.checkpoint import plain_state_dict, save_checkpoint, write_run_checkpoint
+from vitmask.checkpoint import load_model_state, save_checkpoint, write_run_checkpoint
 from vitmask.config import Config
 from vitmask.data import Batch, BatchSampler, make_batch
 from vitmask.distributed import World
@@ -210,9 +210,7 @@ class Trainer:
         }
 
     def load_state_dict(self, state: dict) -> None:
-        model_state = plain_state_dict(state["model"])
-        check_model_state(self.model, model_state)
-        self.model.load_state_dict(model_state)
+        load_model_state(self.model, state["model"])
         try:
             self.optimizer.load_state_dict(state["optimizer"])
         except (ValueError, KeyError) as e:
@@ -384,26 +382,3 @@ class Trainer:
 
     def close(self) -> None:
         self.logger.close()
-
-
-def check_model_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
-    """Raise a UserError naming the keys where `state` does not fit `model`."""
-    own = model.state_dict()
-    missing = [k for k in own if k not in state]
-    unexpected = [k for k in state if k not in own]
-    shapes = [
-        f"{k} {tuple(state[k].shape)} vs {tuple(v.shape)}"
-        for k, v in own.items()
-        if k in state and state[k].shape != v.shape
-    ]
-    if missing or unexpected or shapes:
-        parts = []
-        if shapes:
-            parts.append("shape mismatch: " + "; ".join(shapes[:4]))
-        if missing:
-            parts.append("missing: " + ", ".join(missing[:4]))
-        if unexpected:
-            parts.append("unexpected: " + ", ".join(unexpected[:4]))
-        raise UserError(
-            "checkpoint does not fit this model (" + " | ".join(parts) + "); resume with the config it was trained with"
-        )
