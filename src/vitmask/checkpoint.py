@@ -155,6 +155,16 @@ def load_model_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> 
     model.load_state_dict(state)
 
 
+def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    """Load a checkpoint's optimizer state, or raise a UserError when it does not fit this run."""
+    try:
+        optimizer.load_state_dict(state)
+    except (ValueError, KeyError) as e:
+        raise UserError(
+            f"the checkpoint's optimizer state does not fit this run ({e}); resume with the config it was trained with"
+        ) from None
+
+
 def checkpoint_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """The config a checkpoint was trained with, `overrides` applied (no model is built)."""
     return config_from_dict(load_checkpoint(path)["config"], overrides)
