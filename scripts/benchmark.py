@@ -162,7 +162,7 @@ def eval_images_per_s(trainer: Trainer, batches: int) -> float:
     t = time.perf_counter()
     trainer.evaluate(max_batches=batches)
     sync(trainer.device)
-    images = min(batches * 256, len(trainer.val_images))
+    images = min(batches * 256, len(trainer.validator.images))
     return images / (time.perf_counter() - t)
 
 

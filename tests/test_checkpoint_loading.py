@@ -84,7 +84,7 @@ def test_todays_checkpoint_resumes_into_a_trainer_of_another_seed(tmp_path):
     cfg = config_from_dict({**RAW, "seed": 5})
     trainer = Trainer(cfg, load_splits(cfg), torch.device("cpu"))
     trainer.load_state_dict(load_checkpoint(path))
-    assert trainer.step == STEP and trainer.best_val_loss == BEST
+    assert trainer.step == STEP and trainer.validator.best_loss == BEST
     for k, v in written["model"].items():
         assert torch.equal(trainer.model.state_dict()[k], v), k
     moments = trainer.optimizer.state_dict()["state"]

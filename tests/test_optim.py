@@ -94,7 +94,7 @@ def test_the_optimizer_uses_the_scheduled_lr_at_every_step():
     trainer.fit(progress=False)
     want = [0.01 * lr_factor(s, cfg.train) for s in range(5)]
     assert seen == pytest.approx(want)
-    logged = [m["train/lr"] for _, m in trainer.logger.rows if "train/lr" in m]
+    logged = [m["train/lr"] for _, m in trainer.reporter.logger.rows if "train/lr" in m]
     assert logged == pytest.approx(want)
 
 

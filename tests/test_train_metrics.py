@@ -70,7 +70,9 @@ def test_logged_training_metrics_are_the_hand_counts():
         trainer.model.head.bias[15] = LN3
     trainer.sampler.sample = iter([A, A, B]).__next__  # lr 1e-9: the prediction stays 15 throughout
     trainer.fit(progress=False)
-    train = [(step, {k[6:]: v for k, v in m.items() if k.startswith("train/")}) for step, m in trainer.logger.rows]
+    train = [
+        (step, {k[6:]: v for k, v in m.items() if k.startswith("train/")}) for step, m in trainer.reporter.logger.rows
+    ]
     train = [(step, m) for step, m in train if m]
     assert [step for step, _ in train] == [2, 3]  # every log_every steps, and at the last
     (_, first), (_, second) = train
