@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 
+from tests.conftest import RecordingLogger
 from vitmask.config import config_from_dict
 from vitmask.data import Batch
 from vitmask.train import Trainer
@@ -18,25 +19,6 @@ CFG = config_from_dict(
         "train": {"lr": 1e-9, "max_steps": 3, "log_every": 2, "eval_every": 3, "checkpoint_every": 3},
     }
 )
-
-
-class Recorder:
-    """A logger that keeps every scalar it is given."""
-
-    def __init__(self):
-        self.rows: list[tuple[int, dict]] = []
-
-    def log(self, metrics, step):
-        self.rows.append((step, dict(metrics)))
-
-    def log_image(self, tag, image, step):
-        pass
-
-    def log_hparams(self, hparams, metrics, step=0):
-        pass
-
-    def close(self):
-        pass
 
 
 def hand_batch(ids: list[list[int]], classes: list[list[int]]) -> Batch:
@@ -61,7 +43,7 @@ LN3, LN6, LN18 = math.log(3), math.log(6), math.log(18)
 
 def test_logged_training_metrics_are_the_hand_counts():
     blank = torch.zeros(4, 8, 8, dtype=torch.uint8)  # the sampler's images are never drawn
-    trainer = Trainer(CFG, {"train": blank, "val": blank}, torch.device("cpu"), logger=Recorder())
+    trainer = Trainer(CFG, {"train": blank, "val": blank}, torch.device("cpu"), logger=RecordingLogger())
     # every logit is the head's bias: 0 for every class but 15, ln 3 for 15. So the model always
     # predicts 15, and a patch's loss is ln(15 + 3) - ln 3 = ln 6 when its class is 15, else ln 18.
     with torch.no_grad():

@@ -10,7 +10,6 @@ save) makes the two runs part.
 import random
 
 import numpy as np
-import pytest
 import torch
 
 from tests.conftest import TINY
@@ -20,15 +19,6 @@ from vitmask.data import load_splits
 from vitmask.train import Trainer
 
 STEPS_BEFORE, STEPS_AFTER = 3, 3
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One intra-op thread: the same reduction order in both trainers, and no waiting on a shared CPU."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
 
 
 def config(seed: int):
