@@ -1,7 +1,7 @@
 """Benchmark vitmask's real training path against a reference timed in the same run.
 
 vitmask: `Trainer(cfg, splits, device)`, `trainer.sampler.sample()`, `trainer.train_step(batch)`.
-The reference (vitmask.reference): the same model as `nn.TransformerEncoder(norm_first=True)`, fed
+The reference (scripts/bench_reference.py): the same model as `nn.TransformerEncoder(norm_first=True)`, fed
 by a per-sample Dataset + DataLoader that patchifies and masks in `__getitem__`, same config and
 batch. Their steps alternate, one each, so both see the same machine load; on a shared machine the
 ratio vitmask / reference is the figure to trust, not the absolute numbers.
@@ -41,9 +41,11 @@ from vitmask.config import load_config  # noqa: E402
 from vitmask.data import load_splits  # noqa: E402
 from vitmask.errors import UserError  # noqa: E402
 from vitmask.params import train_flops_per_image  # noqa: E402
-from vitmask.reference import ReferenceRun  # noqa: E402
 from vitmask.runtime import resolve_device  # noqa: E402
 from vitmask.train import Trainer  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "scripts"))
+from bench_reference import ReferenceRun  # noqa: E402
 
 # the benchmark needs a few thousand images, not the full split: step speed does not depend on it
 DATA_OVERRIDES = ["data.num_train=4096", "data.num_val=1024", "data.num_test=16"]

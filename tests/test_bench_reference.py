@@ -1,16 +1,22 @@
-"""The benchmark's reference computes the same function as vitmask's model, and its per-sample
-Dataset builds the same kind of batch as vitmask's sampler."""
+"""The benchmark's reference (scripts/bench_reference.py) computes the same function as vitmask's
+model, and its per-sample Dataset builds the same kind of batch as vitmask's sampler."""
+
+import sys
 
 import torch
 
-from vitmask.config import Config, DataConfig, ModelConfig
-from vitmask.masking import apply_fill
+from tests.conftest import ROOT
+from vitmask.config import Config, DataConfig, MaskConfig, ModelConfig
 from vitmask.model import build_model
-from vitmask.patches import patches_to_classes, patchify
-from vitmask.reference import PerSampleMaskedPatches, ReferenceRun, ReferenceViT
 
+sys.path.insert(0, str(ROOT / "scripts"))
+from bench_reference import PerSampleMaskedPatches, ReferenceRun, ReferenceViT  # noqa: E402
+
+FILL = 0.3  # not the default 0.5: a fill value hard-coded anywhere shows
 CFG = Config(
-    data=DataConfig(image_size=8, batch_size=4), model=ModelConfig(hidden_dim=16, num_heads=2, depth=2, ffn_dim=32)
+    data=DataConfig(image_size=8, batch_size=4),
+    mask=MaskConfig(fill=FILL),
+    model=ModelConfig(hidden_dim=16, num_heads=2, depth=2, ffn_dim=32),
 )
 
 
@@ -39,19 +45,23 @@ def test_reference_model_equals_vitmask_model_with_the_same_weights():
     mask = torch.zeros(3, 16, dtype=torch.bool)
     mask[:, 3:11] = True
     ids = torch.arange(3, 11).expand(3, 8)
-    torch.testing.assert_close(ref(apply_fill(x, mask, 0.5), ids), ours(x, mask, ids), rtol=1e-5, atol=1e-5)
+    filled = x.clone()
+    filled[:, 3:11, :] = FILL  # the reference's input, masked by hand: patches 3..10 hold the fill value
+    torch.testing.assert_close(ref(filled, ids), ours(x, mask, ids), rtol=1e-5, atol=1e-5)
 
 
 def test_per_sample_dataset_patchifies_and_masks_one_image():
     images = torch.randint(0, 2, (5, 8, 8), dtype=torch.uint8)
-    item = PerSampleMaskedPatches(images, 2, 0.5, 0.5)[2]
-    pix = patchify(images[2:3], 2)[0]  # (16, 4)
+    item = PerSampleMaskedPatches(images, 2, 0.5, FILL)[2]
+    # image 2 cut by hand into its 16 patches of 2x2, row-major, pixels row by row: class 8a + 4b + 2c + d
+    pix = torch.stack([images[2, r : r + 2, c : c + 2].flatten() for r in range(0, 8, 2) for c in range(0, 8, 2)])
+    classes = pix.long() @ torch.tensor([8, 4, 2, 1])  # (16,)
     ids = item["ids"]
-    assert ids.shape == (8,) and len(set(ids.tolist())) == 8
-    assert torch.equal(item["targets"], patches_to_classes(pix)[ids])
+    assert ids.shape == (8,) and len(set(ids.tolist())) == 8  # round(0.5 * 16) distinct patches
+    assert torch.equal(item["targets"], classes[ids])
     masked = torch.zeros(16, dtype=torch.bool)
     masked[ids] = True
-    assert (item["inputs"][masked] == 0.5).all()
+    assert (item["inputs"][masked] == FILL).all()
     assert torch.equal(item["inputs"][~masked], pix[~masked].float())
 
 
