@@ -1,7 +1,14 @@
 import torch
 
 from vitmask.masking import mask_to_ids, num_masked, random_mask
-from vitmask.patches import classes_to_patches, patches_to_classes, patchify, unpatchify
+from vitmask.patches import (
+    classes_to_patches,
+    patch_label,
+    patch_mask_to_pixels,
+    patches_to_classes,
+    patchify,
+    unpatchify,
+)
 
 
 def test_unpatchify_inverts_patchify():
@@ -29,6 +36,21 @@ def test_bit_order_first_pixel_is_most_significant():
     assert patches_to_classes(torch.tensor([1, 1, 1, 1])).item() == 15
     img = torch.tensor([[[1, 0], [0, 1]]], dtype=torch.uint8)
     assert patches_to_classes(patchify(img, 2)).tolist() == [[9]]
+
+
+def test_patch_label_spells_a_class_as_its_pixel_rows():
+    assert patch_label(9, 2) == "10/01" and patch_label(1, 2) == "00/01" and patch_label(8, 2) == "10/00"
+    assert patch_label(1, 1) == "1" and patch_label(0, 1) == "0"
+    assert patch_label(2**8 + 1, 3) == "100/000/001"  # 3x3: the first pixel is bit 8, the last bit 0
+
+
+def test_patch_mask_to_pixels_covers_exactly_the_masked_patches():
+    mask = torch.tensor([[False, True, False, False, False, False, False, False, True]])  # a 3x3 grid
+    pix = patch_mask_to_pixels(mask, 2)  # (1, 6, 6)
+    want = torch.zeros(1, 6, 6, dtype=torch.bool)
+    want[0, 0:2, 2:4] = True  # patch 1: row 0, column 1
+    want[0, 4:6, 4:6] = True  # patch 8: row 2, column 2
+    assert pix.dtype == torch.bool and torch.equal(pix, want)
 
 
 def test_classes_round_trip_for_every_class():
