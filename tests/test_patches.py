@@ -1,6 +1,8 @@
+"""Patches and token classes: patchify/unpatchify, the row-major patch order, the bit order inside a
+patch (first pixel most significant), class labels and patch masks as pixel masks."""
+
 import torch
 
-from vitmask.masking import mask_to_ids, num_masked, random_mask
 from vitmask.patches import (
     classes_to_patches,
     patch_label,
@@ -60,30 +62,3 @@ def test_classes_round_trip_for_every_class():
         assert pix.shape == (2**bits, bits)
         assert set(pix.unique().tolist()) <= {0, 1}
         assert torch.equal(patches_to_classes(pix), c)
-
-
-def test_num_masked_is_round_ratio_times_n_within_1_and_n_minus_1():
-    assert num_masked(256, 0.5) == 128
-    assert num_masked(256, 0.75) == 192
-    assert num_masked(10, 0.33) == 3
-    assert num_masked(10, 0.01) == 1
-    assert num_masked(10, 0.99) == 9
-
-
-def test_random_mask_hides_an_exact_count_per_image():
-    g = torch.Generator().manual_seed(1)
-    for ratio in (0.1, 0.5, 0.75):
-        m = num_masked(64, ratio)
-        ids, mask = random_mask(50, 64, m, g)
-        assert ids.shape == (50, m) and mask.shape == (50, 64)
-        assert (mask.sum(1) == m).all()
-        assert mask.gather(1, ids).all()  # ids point at masked patches
-        assert (ids.sort(1).values.diff(dim=1) > 0).all()  # no repeats
-        assert torch.equal(mask_to_ids(mask), ids.sort(1).values)
-
-
-def test_random_mask_differs_between_images_and_is_seeded():
-    a = random_mask(4, 64, 32, torch.Generator().manual_seed(3))[1]
-    b = random_mask(4, 64, 32, torch.Generator().manual_seed(3))[1]
-    assert torch.equal(a, b)
-    assert not torch.equal(a[0], a[1])
