@@ -186,6 +186,21 @@ def test_same_seed_same_split_other_seed_other_split(tmp_path):
     assert [len(x) for x in split_fractions(10, (0.1, 0.25), 3)] == [1, 2, 7]
 
 
+def test_val_and_test_fractions_that_differ_give_their_own_split_sizes(tmp_path):
+    # 100 images without a split of their own: test = round(0.3 * 100), val = round(0.1 * 100), train the rest
+    images = numbered_images(100)
+    np.savez(tmp_path / "d.npz", images=images)
+    s = load_splits(cfg_for("npz", tmp_path / "d.npz", image_size=4, fit="none", test_fraction=0.3, val_fraction=0.1))
+    assert {k: len(v) for k, v in s.items()} == {"train": 60, "val": 10, "test": 30}
+    as_sets = {k: {tuple(x.flatten().tolist()) for x in v} for k, v in s.items()}
+    assert set.union(*as_sets.values()) == {tuple(x.flatten().tolist()) for x in images // 255}  # disjoint, all kept
+    # a source with its own test split: val = round(0.25 * 40) of train; data.test_fraction plays no part
+    write_idx(tmp_path / "train-images-idx3-ubyte", numbered_images(40))
+    write_idx(tmp_path / "t10k-images-idx3-ubyte", numbered_images(50)[40:])
+    own = load_splits(cfg_for("idx", tmp_path, image_size=4, fit="none", test_fraction=0.3, val_fraction=0.25))
+    assert {k: len(v) for k, v in own.items()} == {"train": 30, "val": 10, "test": 10}
+
+
 # ---- torchvision (never downloads) ----------------------------------------------------------------
 def test_torchvision_mnist_and_emnist_from_files_on_disk(tmp_path):
     raw = tmp_path / "MNIST" / "raw"
