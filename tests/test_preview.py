@@ -8,7 +8,8 @@ from PIL import Image
 from tests.conftest import TINY, assert_user_error, run_cli, write_config
 from tests.test_sources import run_inproc
 from vitmask.config import config_from_dict
-from vitmask.preview import dataset_stats
+from vitmask.data import eval_batches
+from vitmask.preview import dataset_stats, format_stats, preview_grid
 
 
 def test_preview_writes_the_grid_and_prints_statistics(tmp_path):
@@ -65,3 +66,43 @@ def test_preview_rejects_an_out_path_that_is_not_png(tmp_path, capsys):
     res = run_inproc(capsys, "preview", "--config", cfg, "--out", tmp_path / "p.jpg")
     assert_user_error(res, "--out", "must be a .png")
     assert not (tmp_path / "p.jpg").exists()
+
+
+def test_preview_grid_tints_masked_patches_light_on_foreground_dark_on_background():
+    # two 4x4 images of 2x2 patches, each row of images followed by the same images with masks drawn:
+    # a masked pixel is 0.45 * its gray level + 0.55 * (0.2, 0.45, 1.0)
+    light, dark = torch.tensor([0.56, 0.6975, 1.0]), torch.tensor([0.11, 0.2475, 0.55])
+    cfg = config_from_dict({"data": {"image_size": 4, "patch_size": 2}, "mask": {"ratio": 0.5}})
+    images = torch.tensor([[[1, 1, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1]]] * 2, dtype=torch.uint8)
+    images[1] = 1 - images[1]
+    grid = preview_grid(images, cfg, seed=5, per_row=2, scale=1)  # (3, 2 * 6 + 2, 2 * 6 + 2)
+    assert grid.shape == (3, 14, 14)
+    mask = next(eval_batches(images, cfg, 0.5, 5, 2)).mask  # the masks seed 5 draws: 2 of 4 patches each
+    for i in range(2):
+        top, masked = grid[:, 2:6, 2 + 6 * i : 6 + 6 * i], grid[:, 8:12, 2 + 6 * i : 6 + 6 * i]  # (3, 4, 4) each
+        assert torch.equal(top, images[i].float().expand(3, 4, 4))
+        for y in range(4):
+            for x in range(4):
+                gray = float(images[i, y, x])
+                if mask[i, (y // 2) * 2 + x // 2]:
+                    torch.testing.assert_close(masked[:, y, x], light if gray else dark)
+                else:
+                    assert masked[:, y, x].tolist() == [gray] * 3
+    assert grid[:, 0, 0].tolist() == grid[:, 7, 5].tolist() == [0.5] * 3  # the padding between cells
+
+
+def test_statistics_text_by_hand():
+    cfg = config_from_dict({"data": {"image_size": 4, "patch_size": 2}, "mask": {"ratio": 0.5}})
+    empty = torch.zeros(4, 4, dtype=torch.uint8)
+    corner = empty.clone()
+    corner[:2, :2] = 1  # one patch 11/11 (class 15)
+    splits = {"train": torch.stack([empty, corner]), "val": corner[None], "test": torch.stack([empty] * 3)}
+    lines = format_stats(dataset_stats(splits, cfg, top=2), cfg).splitlines()  # top 2: no ties among them
+    assert "mask random, ratio 0.5 (2 of 4 patches)" in lines
+    assert lines[-5:] == [
+        "train         2  0.1250",  # 4 of 32 pixels
+        "val           1  0.2500",
+        "test          3  0.0000",
+        "empty patches (train) 0.8750",  # 7 of 8 patches
+        "most common patch classes (train): 0 [00/00] 0.8750, 15 [11/11] 0.1250",
+    ]
