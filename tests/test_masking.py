@@ -67,6 +67,15 @@ def test_random_mask_hides_an_exact_count_per_image():
         assert torch.equal(mask_to_ids(mask), ids.sort(1).values)
 
 
+def test_random_masks_pick_every_patch_equally_often():
+    # 4000 masks of 5 of 16 patches: each patch is hidden in 5/16 of them (binomial sd 0.0073)
+    _, mask = random_mask(4000, 16, 5, torch.Generator().manual_seed(0))
+    share = mask.double().mean(0)  # (16,)
+    assert ((share - 5 / 16).abs() < 0.03).all(), share
+    pairs = (mask[:, 0] & mask[:, 1]).double().mean()  # two given patches together: 5/16 * 4/15
+    assert abs(float(pairs) - 5 / 16 * 4 / 15) < 0.02
+
+
 def test_random_mask_differs_between_images_and_is_seeded():
     a = random_mask(4, 64, 32, torch.Generator().manual_seed(3))[1]
     b = random_mask(4, 64, 32, torch.Generator().manual_seed(3))[1]
