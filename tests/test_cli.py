@@ -2,13 +2,15 @@
 
 import json
 
+import pytest
 import torch
+import torch.nn.functional as F
 
 from tests.conftest import ROOT, assert_user_error, run_cli, write_config
 from vitmask.config import config_from_dict
 from vitmask.data import eval_batches, load_splits
 from vitmask.model import build_model
-from vitmask.patches import patches_to_classes, patchify
+from vitmask.patches import classes_to_patches, patches_to_classes, patchify
 
 
 def test_count_params_prints_the_seed_table_and_total():
@@ -105,8 +107,15 @@ def test_train_then_eval_json(tmp_path):
     batch = next(eval_batches(images, cfg, 0.5, 0, len(images)))
     truth = patches_to_classes(patchify(images, 2)).gather(1, batch.ids)  # (64, 32)
     with torch.no_grad():
-        hit = model(batch.patches, batch.mask, batch.ids).argmax(-1) == truth  # (64, 32)
-    filled = truth != 0
+        logits = model(batch.patches, batch.mask, batch.ids)  # (64, 32, 16)
+    pred = logits.argmax(-1)
+    hit, filled = pred == truth, truth != 0
+    wrong_bits = int((classes_to_patches(pred, 4) != classes_to_patches(truth, 4)).sum())
+    assert set(report) == {"checkpoint", "split", "seed", "images", "patch_size", "results"}
+    assert {"mask_ratio", "loss", "acc", "acc_nonempty", "bit_acc", "majority_acc", "masked_patches"} <= set(m)
+    assert {"nonempty_patches", "per_class", "confusions", "baselines"} <= set(m)
+    assert m["loss"] == pytest.approx(float(F.cross_entropy(logits.flatten(0, 1), truth.flatten())), rel=1e-5)
+    assert m["bit_acc"] == pytest.approx(1 - wrong_bits / (64 * 32 * 4), abs=1e-12)
     assert m["mask_ratio"] == 0.5 and m["masked_patches"] == 64 * 32 and report["images"] == 64
     assert m["nonempty_patches"] == int(filled.sum())
     assert m["acc"] == int(hit.sum()) / (64 * 32)

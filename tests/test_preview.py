@@ -5,20 +5,20 @@ import pytest
 import torch
 from PIL import Image
 
-from tests.conftest import TINY, assert_user_error, run_cli, write_config
+from tests.conftest import MNIST_DIR, ROOT, TINY, assert_user_error, write_config
 from tests.test_sources import run_inproc
-from vitmask.config import config_from_dict
-from vitmask.data import eval_batches
+from vitmask.config import config_from_dict, load_config
+from vitmask.data import eval_batches, load_splits
 from vitmask.preview import dataset_stats, format_stats, preview_grid
 
 
-def test_preview_writes_the_grid_and_prints_statistics(tmp_path):
+def test_preview_writes_the_grid_and_prints_statistics(tmp_path, capsys):
     rng = np.random.default_rng(0)
     images = (rng.random((50, 16, 16)) < 0.3).astype(np.uint8)  # 0/1, 16x16 like TINY
     np.savez(tmp_path / "d.npz", images=images)
     cfg = write_config(tmp_path / "c.yaml", {"data": {"source": "npz", "path": str(tmp_path / "d.npz")}})
     out = tmp_path / "sub" / "preview.png"
-    res = run_cli("preview", "--config", cfg, "--out", out, "--count", "16")
+    res = run_inproc(capsys, "preview", "--config", cfg, "--out", out)  # --count defaults to 16
     assert res.returncode == 0, res.stderr
     # 16 images, 8 per row, each row followed by its masked copy: 4 rows of 8 cells of 16 * 4 pixels
     png = np.asarray(Image.open(out).convert("RGB")).astype(int)
@@ -106,3 +106,12 @@ def test_statistics_text_by_hand():
         "empty patches (train) 0.8750",  # 7 of 8 patches
         "most common patch classes (train): 0 [00/00] 0.8750, 15 [11/11] 0.1250",
     ]
+
+
+@pytest.mark.skipif(not (MNIST_DIR / "t10k-images-idx3-ubyte.gz").is_file(), reason="needs ../shared/data/mnist")
+def test_statistics_of_the_mnist_test_set_are_the_ones_the_readme_shows():
+    cfg = load_config(ROOT / "configs" / "mnist.yaml", ["data.source=idx", f"data.path={MNIST_DIR}"])
+    text = format_stats(dataset_stats(load_splits(cfg), cfg), cfg)
+    readme = (ROOT / "README.md").read_text()
+    shown = readme[readme.index("split    images  foreground") :].split("```")[0].strip().splitlines()
+    assert len(shown) == 6 and shown == text.splitlines()[-6:]

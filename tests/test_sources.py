@@ -117,6 +117,16 @@ def test_folder_with_train_and_test_subfolders_keeps_that_split(tmp_path):
     assert torch.equal(s["test"], torch.from_numpy(numbered_images(16)[10:13] // 255))
 
 
+def test_folder_with_a_val_subfolder_keeps_all_three(tmp_path):
+    for split, first, n in (("train", 0, 6), ("val", 6, 2), ("test", 8, 3)):
+        (tmp_path / split).mkdir()
+        for i in range(n):
+            Image.fromarray(numbered_images(16)[first + i]).save(tmp_path / split / f"{i}.png")
+    s = load_splits(cfg_for("folder", tmp_path, image_size=4, fit="none"))
+    for split, first, n in (("train", 0, 6), ("val", 6, 2), ("test", 8, 3)):  # as given, in file order
+        assert torch.equal(s[split], torch.from_numpy(numbered_images(16)[first : first + n] // 255)), split
+
+
 def test_corrupt_files_are_skipped_and_counted_or_fail_when_asked(tmp_path, capsys, tiny_cfg_file):
     for i in range(6):
         Image.fromarray(numbered_images(8)[i]).save(tmp_path / f"{i}.png")
