@@ -80,6 +80,7 @@ def test_field_defaults_the_readme_names():
     assert cfg.model.pos == "learned" and cfg.model.attention == "auto" and cfg.model.num_kv_heads == 0
     assert cfg.mask.fill == 0.5 and cfg.mask.strategy == "random"
     assert cfg.data.source == "shapes" and cfg.data.npz_key == "images" and cfg.data.bad_files == "skip"
+    assert (cfg.data.image_size, cfg.data.patch_size, cfg.data.num_classes) == (32, 2, 16)  # 32x32, 2x2 patches
 
 
 def test_shipped_configs_are_what_the_readme_table_says():

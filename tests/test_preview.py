@@ -24,13 +24,15 @@ def test_preview_writes_the_grid_and_prints_statistics(tmp_path, capsys):
     png = np.asarray(Image.open(out).convert("RGB")).astype(int)
     cell, pad = 16 * 4, 2
     assert png.shape == (4 * (cell + pad) + pad, 8 * (cell + pad) + pad, 3)
+    train = {tuple(x.flatten().tolist()) for x in load_splits(load_config(cfg))["train"]}
     for r in range(4):
         for c in range(8):
             y, x = pad + r * (cell + pad), pad + c * (cell + pad)
             block = png[y : y + cell, x : x + cell]
             tinted = int((block[..., 2] > block[..., 0] + 40).sum())
-            if r % 2 == 0:  # the image: black and white only, both present
+            if r % 2 == 0:  # the image: black and white only, both present, one of the training images
                 assert tinted == 0 and set(np.unique(block)) == {0, 255}
+                assert tuple((block[::4, ::4, 0] // 255).flatten().tolist()) in train
             else:  # its masks: 32 of 64 patches of 2x2 pixels, each pixel drawn 4x4
                 assert tinted == 32 * 4 * 16
     lines = res.stdout.splitlines()

@@ -213,14 +213,15 @@ def test_val_and_test_fractions_that_differ_give_their_own_split_sizes(tmp_path)
 
 # ---- torchvision (never downloads) ----------------------------------------------------------------
 def test_torchvision_mnist_and_emnist_from_files_on_disk(tmp_path):
-    raw = tmp_path / "MNIST" / "raw"
-    raw.mkdir(parents=True)
-    for prefix, n in (("train", 20), ("t10k", 5)):
-        write_idx(raw / f"{prefix}-images-idx3-ubyte", numbered_images(n, 4))
-        write_labels(raw / f"{prefix}-labels-idx1-ubyte", n)
-    s = load_splits(cfg_for("torchvision", tmp_path, name="MNIST", image_size=4, fit="none"))
-    assert [len(s[k]) for k in ("train", "val", "test")] == [18, 2, 5]
-    assert torch.equal(s["test"], torch.from_numpy(numbered_images(5) // 255))
+    for name in ("MNIST", "FashionMNIST", "KMNIST"):  # the same idx files under <root>/<name>/raw
+        raw = tmp_path / name / "raw"
+        raw.mkdir(parents=True)
+        for prefix, n in (("train", 20), ("t10k", 5)):
+            write_idx(raw / f"{prefix}-images-idx3-ubyte", numbered_images(n, 4))
+            write_labels(raw / f"{prefix}-labels-idx1-ubyte", n)
+        s = load_splits(cfg_for("torchvision", tmp_path, name=name, image_size=4, fit="none"))
+        assert [len(s[k]) for k in ("train", "val", "test")] == [18, 2, 5], name
+        assert torch.equal(s["test"], torch.from_numpy(numbered_images(5) // 255)), name
     raw = tmp_path / "EMNIST" / "raw"
     raw.mkdir(parents=True)
     for part, n in (("train", 20), ("test", 5)):
