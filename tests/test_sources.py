@@ -196,6 +196,14 @@ def test_same_seed_same_split_other_seed_other_split(tmp_path):
     assert [len(x) for x in split_fractions(10, (0.1, 0.25), 3)] == [1, 2, 7]
 
 
+def test_split_sizes_round_each_fraction():
+    # round(f * n) for each fraction, at least 1: 1.6 -> 2, 2.7 -> 3, 0.04 -> 1; the rest trains
+    assert [len(x) for x in split_fractions(10, (0.16, 0.27), 0)] == [2, 3, 5]
+    assert [len(x) for x in split_fractions(10, (0.004, 0.35), 0)] == [1, 4, 5]  # 3.5 rounds to the even 4
+    parts = split_fractions(10, (0.16, 0.27), 0)
+    assert sorted(torch.cat(parts).tolist()) == list(range(10))  # disjoint, nothing lost
+
+
 def test_val_and_test_fractions_that_differ_give_their_own_split_sizes(tmp_path):
     # 100 images without a split of their own: test = round(0.3 * 100), val = round(0.1 * 100), train the rest
     images = numbered_images(100)
