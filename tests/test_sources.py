@@ -75,6 +75,15 @@ def test_idx_gz_and_plain_files_with_their_own_train_test_split(tmp_path):
     assert {tuple(x.flatten().tolist()) for x in torch.cat([s["train"], s["val"]])} == pool
 
 
+@pytest.mark.parametrize("test_name", ["test-images-idx3-ubyte", "emnist-digits-test-images-idx3-ubyte.gz"])
+def test_idx_files_named_test_are_the_test_split(tmp_path, test_name):
+    write_idx(tmp_path / "emnist-digits-train-images-idx3-ubyte", numbered_images(20))
+    write_idx(tmp_path / test_name, numbered_images(26)[20:])
+    s = load_splits(cfg_for("idx", tmp_path, image_size=4, fit="none"))
+    assert torch.equal(s["test"], torch.from_numpy(numbered_images(26)[20:] // 255))
+    assert len(s["train"]) + len(s["val"]) == 20
+
+
 @pytest.mark.skipif(not (MNIST_DIR / "t10k-images-idx3-ubyte.gz").is_file(), reason="needs ../shared/data/mnist")
 def test_real_mnist_test_set_through_idx_is_split_8000_1000_1000_and_binarized():
     s = load_splits(config_from_dict({"data": {"source": "idx", "path": str(MNIST_DIR)}}))
