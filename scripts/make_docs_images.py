@@ -21,7 +21,7 @@ from vitmask.checkpoint import load_model
 from vitmask.data import eval_batches, load_splits
 from vitmask.evaluate import format_report
 from vitmask.inpaint import boxes_to_mask, fill, fill_accuracy, pixels_to_patches
-from vitmask.render import comparison_grid, save_binary_image, save_grid
+from vitmask.render import reconstruction_grid, save_binary_image, save_grid
 from vitmask.runtime import resolve_device
 
 
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> None:
     shown = images[: a.n]
     mask = box_mask.expand(len(shown), -1)  # (n, N)
     preds = [fill(model, shown, mask, d.patch_size, steps) for steps in (1, a.steps)]
-    save_grid(comparison_grid(shown, mask, preds, d.patch_size), out / "inpaint.png", scale=4)
+    save_grid(reconstruction_grid(shown, mask, preds, d.patch_size), out / "inpaint.png", scale=4)
 
     rows = []
     cases = [(f"random, ratio {r:g}", next(eval_batches(images, cfg, r, a.seed, len(images))).mask) for r in a.ratios]

@@ -15,9 +15,8 @@ from tests.conftest import assert_user_error, write_config
 from vitmask import cli
 from vitmask.checkpoint import load_model, save_checkpoint
 from vitmask.config import load_config
-from vitmask.data import eval_batches, load_splits
+from vitmask.data import load_splits
 from vitmask.preprocess import binarize_images, load_image_file
-from vitmask.render import reconstruction_grid
 from vitmask.train import Trainer
 
 
@@ -69,23 +68,6 @@ def test_eval_reports_every_ratio_in_a_table_and_the_same_numbers_as_json(run_cl
         assert f"{r['acc']:.4f}" in table.stdout and f"{r['baselines']['neighbour']['acc']:.4f}" in table.stdout
     for label in ("per-position majority", "8-neighbour table", "bit acc", "most frequent confusions"):
         assert label in table.stdout
-
-
-def test_reconstruct_writes_the_tensorboard_grid(run_cli, ckpt, tmp_path):
-    out = tmp_path / "recon.png"
-    res = run_cli("reconstruct", "--checkpoint", ckpt, "--out", out, "--n", "4", "--mask-ratio", "0.5", "--seed", "2")
-    assert res.returncode == 0, res.stderr
-    # the same picture, made here with the function TensorBoard uses, scaled 4x as the command does
-    model, cfg, _ = load_model(ckpt)
-    images = load_splits(cfg)["test"][:4]
-    batch = next(eval_batches(images, cfg, 0.5, 2, 4))
-    with torch.inference_mode():
-        pred = model(batch.patches, batch.mask).argmax(-1)
-    grid = reconstruction_grid(images, batch.mask, pred, 2).repeat_interleave(4, 1).repeat_interleave(4, 2)
-    want = grid.mul(255).add(0.5).clamp(0, 255).to(torch.uint8).permute(1, 2, 0)  # as save_image writes it
-    got = torch.from_numpy(__import__("numpy").array(Image.open(out).convert("RGB")))
-    assert got.shape == (4 * (4 * 18 + 2), 4 * (4 * 18 + 2), 3)  # 4 rows and 4 columns of 16 px, padding 2
-    assert torch.equal(got, want)
 
 
 def test_inpaint_fills_only_the_boxed_patches(run_cli, ckpt, user_image, tmp_path):

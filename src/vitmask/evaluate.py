@@ -17,7 +17,7 @@ from vitmask.baselines import LABELS, NAMES, Baselines, fit_baselines
 from vitmask.config import Config
 from vitmask.data import eval_batches
 from vitmask.metrics import SCALARS, MaskedPatchMetrics
-from vitmask.patches import classes_to_patches, patches_to_classes, patchify
+from vitmask.patches import patch_label, patches_to_classes, patchify
 
 
 def class_counts(images: torch.Tensor, patch_size: int, num_classes: int) -> torch.Tensor:
@@ -106,12 +106,6 @@ def evaluate_split(
         m = evaluate(model, images, cfg, ratio, seed, base.majority, progress=progress, baselines=base)
         results.append({"mask_ratio": ratio, **m})
     return results
-
-
-def patch_label(cls: int, patch_size: int) -> str:
-    """A class as its pixel rows, e.g. 9 -> '10/01' for 2x2 patches."""
-    bits = "".join(map(str, classes_to_patches(torch.tensor(cls), patch_size**2).tolist()))
-    return "/".join(bits[i : i + patch_size] for i in range(0, len(bits), patch_size))
 
 
 def format_report(report: dict) -> str:

@@ -20,7 +20,7 @@ from vitmask.metrics_log import TensorBoardLogger
 from vitmask.model import build_model
 from vitmask.params import ParamRow, param_rows
 from vitmask.preprocess import binarize_images, load_image_file
-from vitmask.render import fill_predictions, reconstruction_grid, save_binary_image, save_grid
+from vitmask.render import paste_predictions, reconstruction_grid, save_binary_image, save_grid
 from vitmask.runtime import resolve_device
 from vitmask.train import Trainer
 
@@ -185,7 +185,7 @@ def inpaint(
     mask = mask.unsqueeze(0).to(device)  # (1, N)
     picture = picture.to(device)
     classes = fill(model, picture, mask, d.patch_size, steps if iterative else 1)  # (1, N)
-    filled = fill_predictions(picture, mask, classes, d.patch_size)[0]  # (S, S)
+    filled = paste_predictions(picture, mask, classes, d.patch_size)[0]  # (S, S)
     save_binary_image(filled, out)
     return {"out": str(out), "filled_patches": int(mask.sum()), "patches": mask.numel(), "image_size": d.image_size}
 
