@@ -22,12 +22,13 @@ from pathlib import Path
 import torch
 
 from vitmask import runner
+from vitmask.checkpoint import load_model
 from vitmask.data import eval_batches, load_splits
 from vitmask.evaluate import format_report
 from vitmask.inpaint import fill_accuracy
 from vitmask.likelihood import format_nll
 from vitmask.masking import centre_box_mask
-from vitmask.render import comparison_grid, save_binary_image, save_grid
+from vitmask.render import reconstruction_grid, save_binary_image, save_grid
 from vitmask.runtime import resolve_device
 from vitmask.sampling import DecodeOptions, decode_masked
 
@@ -70,7 +71,7 @@ def main(argv: list[str] | None = None) -> None:
     runner.reconstruct(a.checkpoint, out / "reconstruct.png", a.n, None, a.split, a.seed, a.device)
     runner.sample(a.checkpoint, out / "samples.png", a.samples, a.sample_steps, a.temperature, a.seed, a.device)
 
-    model, cfg, _ = runner.load_model(a.checkpoint, device)
+    model, cfg, _ = load_model(a.checkpoint, device)
     d = cfg.data
     images = load_splits(cfg)[a.split][: max(a.images, a.n)].to(device)  # (n, S, S)
     box = centre_box(d.grid, d.patch_size)
@@ -89,7 +90,7 @@ def main(argv: list[str] | None = None) -> None:
     draw = lambda: torch.Generator(device=device).manual_seed(a.seed)  # noqa: E731 - the same draws every time
     preds = [decode_masked(model, shown, mask, d.patch_size, DecodeOptions(steps)) for steps in (1, a.steps)]
     preds.append(decode_masked(model, shown, mask, d.patch_size, sampled, draw()))
-    save_grid(comparison_grid(shown, mask, preds, d.patch_size), out / "inpaint.png", scale=4)
+    save_grid(reconstruction_grid(shown, mask, preds, d.patch_size), out / "inpaint.png", scale=4)
 
     rows, nonempty = [], {}
     cases = [

@@ -133,6 +133,6 @@ def fit_baselines(
             for batch in eval_batches(train, cfg, ratio, seed, batch_size, strategy):
                 ctx = context_codes(batch.targets, batch.mask, d.grid, c, offsets)  # (B, N)
                 codes.append(ctx.gather(1, batch.ids).flatten())
-                centres.append(batch.targets.gather(1, batch.ids).flatten())
+                centres.append(batch.masked_targets.flatten())
             tables.append(fit_table(torch.cat(codes), torch.cat(centres), c, offsets))
     return Baselines(c, d.grid, int(counts.argmax()), by_pos.argmax(1), tables)

@@ -107,13 +107,11 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class MaskConfig:
-    # random: patches drawn uniformly | block: BEiT-style rectangles of patches | mixed: per image, block
-    # with probability block_share, else random (validation and eval use random masks for mixed)
-    strategy: str = "random"
+    strategy: str = "random"  # random: patches drawn uniformly | block: BEiT-style rectangles of patches |
+    # mixed: per image, block with probability block_share, else random (validation and eval read it as random)
     ratio: float = 0.5  # share of patches masked per image (exactly round(ratio * N)); validation always uses it
-    # how training draws the masked count M once per batch: fixed (mask.ratio) | uniform (over the counts
-    # of ratio_range) | cosine (MaskGIT: ratio = cos(pi/2 * u), u ~ U(0, 1), kept inside ratio_range)
-    ratio_schedule: str = "fixed"
+    ratio_schedule: str = "fixed"  # how training draws the masked count M, once per batch: fixed (mask.ratio) |
+    # uniform (over the counts of ratio_range) | cosine (MaskGIT: ratio = cos(pi/2 * u), u ~ U(0, 1), in ratio_range)
     ratio_range: tuple[float, float] | None = None  # [min, max] of uniform and cosine; null = all of (0, 1)
     block_share: float = 0.5  # mixed: the share of images that get a block mask
     block_min_patches: int = 16  # block: smallest rectangle, in patches (BEiT: 16)

@@ -16,6 +16,7 @@ import torch
 
 from vitmask.config import DataConfig
 from vitmask.errors import UserError
+from vitmask.metrics import MaskedPatchMetrics
 from vitmask.patches import patches_to_classes, patchify
 from vitmask.preprocess import fit_images
 from vitmask.sampling import DecodeOptions, decode_masked
@@ -81,18 +82,15 @@ def fill_accuracy(
     """Fill `images` (n, H, W) under `mask` (n, N) and score the fill.
 
     The fill is `decode_masked` with `options` (default: the most likely classes over `steps`
-    rounds). Returns acc (masked patches given their true class) and acc_nonempty (the same over
-    masked patches whose true class is not 0).
+    rounds). Returns the masked-patch metrics of the fill (metrics.py): acc (masked patches given
+    their true class), acc_nonempty (the same over masked patches whose true class is not 0),
+    bit_acc and the counts behind them.
     """
     options = options or DecodeOptions(steps=steps)
-    hit = nonempty = nonempty_hit = 0
+    scores = MaskedPatchMetrics(2 ** (patch_size**2), images.device)
     for start in range(0, len(images), batch_size):
         chunk, m = images[start : start + batch_size], mask[start : start + batch_size]  # (B, H, W), (B, N)
         truth = patches_to_classes(patchify(chunk, patch_size))  # (B, N)
-        right = (decode_masked(model, chunk, m, patch_size, options, generator) == truth) & m  # (B, N)
-        filled = (truth != 0) & m
-        hit += int(right.sum())
-        nonempty += int(filled.sum())
-        nonempty_hit += int((right & filled).sum())
-    total = int(mask.sum())
-    return {"acc": hit / total, "acc_nonempty": nonempty_hit / nonempty if nonempty else float("nan")}
+        guess = decode_masked(model, chunk, m, patch_size, options, generator)  # (B, N)
+        scores.add(guess[m], truth[m])  # (K,) the masked patches
+    return scores.read()

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from vitmask import distributed
-from vitmask.checkpoint import latest_checkpoint, load_checkpoint, remove_stale_temps
+from vitmask.checkpoint import checkpoint_config, latest_checkpoint, load_checkpoint, load_model, remove_stale_temps
 from vitmask.config import Config, config_from_dict, dump_config, load_config
 from vitmask.data import SPLITS, eval_batches, load_splits
 from vitmask.errors import UserError
@@ -21,12 +21,13 @@ from vitmask.inpaint import boxes_to_mask, check_patch_mask, mask_image_to_pixel
 from vitmask.likelihood import check_nll_args, nll_report
 from vitmask.masking import centre_box_mask
 from vitmask.metrics_log import TensorBoardLogger
-from vitmask.model import MaskedPatchViT, build_model
+from vitmask.model import build_model
+from vitmask.params import ParamRow, param_rows
 from vitmask.preprocess import binarize_images, load_image_file
-from vitmask.render import fill_predictions, image_grid, reconstruction_grid, save_binary_image, save_grid
+from vitmask.render import image_grid, paste_predictions, reconstruction_grid, save_binary_image, save_grid
 from vitmask.runtime import resolve_device
 from vitmask.sampling import DecodeOptions, decode_masked, sample_images
-from vitmask.train import Trainer, check_model_state
+from vitmask.train import Trainer
 
 
 def resolve_config(config: Path | None, overrides: list[str], state: dict | None = None) -> Config:
@@ -96,16 +97,6 @@ def train(
         return run_dir, val
     finally:
         distributed.shutdown()
-
-
-def load_model(path: Path, device: torch.device) -> tuple[MaskedPatchViT, Config, dict]:
-    """The model of a checkpoint, in eval mode on `device`, with its config and the raw state."""
-    state = load_checkpoint(path)
-    cfg = config_from_dict(state["config"])
-    model = build_model(cfg)
-    check_model_state(model, state["model"])
-    model.load_state_dict(state["model"])
-    return model.to(device).eval(), cfg, state
 
 
 def check_ratio(ratio: float) -> None:
@@ -243,7 +234,7 @@ def inpaint(
     picture = picture.to(device).expand(samples, -1, -1)  # (K, S, S)
     generator = torch.Generator(device=device).manual_seed(seed)
     classes = decode_masked(model, picture, mask, d.patch_size, options, generator)  # (K, N)
-    filled = fill_predictions(picture, mask, classes, d.patch_size)  # (K, S, S)
+    filled = paste_predictions(picture, mask, classes, d.patch_size)  # (K, S, S)
     if samples == 1:
         save_binary_image(filled[0], out)
     else:  # the input with its hole grey, then the completions
@@ -284,15 +275,13 @@ def sample(
     return {"out": str(out), "n": n, "image_size": d.image_size, "steps": steps, "temperature": temperature}
 
 
-def count_params(config: Path | None, checkpoint: Path | None, overrides: list[str]) -> MaskedPatchViT:
+def count_params(config: Path | None, checkpoint: Path | None, overrides: list[str]) -> list[ParamRow]:
+    """One row per parameter tensor (name, shape, count, the seed's name) of the model a config, or a
+    checkpoint's config, describes, `overrides` applied."""
     if (config is None) == (checkpoint is None):
         raise UserError("count-params needs exactly one of --config PATH or --checkpoint PATH")
-    if checkpoint is not None:
-        state = load_checkpoint(checkpoint)
-        cfg = config_from_dict(state["config"], overrides)
-    else:
-        cfg = load_config(config, overrides)
-    return build_model(cfg)
+    cfg = checkpoint_config(checkpoint, overrides) if checkpoint is not None else load_config(config, overrides)
+    return param_rows(build_model(cfg))
 
 
 def preview(config: Path | None, overrides: list[str], out: Path, count: int, seed: int) -> str:
