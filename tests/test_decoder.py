@@ -295,6 +295,8 @@ def test_count_params_shows_encoder_and_decoder_totals():
         assert lines[-2].split()[-1] == f"{decoder:,}" and lines[-2].startswith("decoder")
         assert lines[-1].split()[-1] == f"{encoder + decoder:,}"
         assert sum(p.numel() for p in model.parameters()) == encoder + decoder
+    single = format_table(build_model(Config(model=ModelConfig(hidden_dim=32, num_heads=2))))
+    assert not any(line.startswith(("encoder", "decoder")) for line in single.splitlines())  # no split without one
 
 
 @pytest.mark.parametrize("design", DESIGNS)

@@ -45,8 +45,8 @@ def format_table(model: nn.Module) -> str:
     for name, shape, n, seed in rows:
         lines.append(f"{name:<{width}}  {'x'.join(map(str, shape)):<14} {n:>12,}  {seed}".rstrip())
     total = sum(r[2] for r in rows)
-    decoder = sum(r[2] for r in rows if is_decoder_param(r[0]))
-    if decoder:  # an encoder-decoder model: the two parts, then the total
+    if any(r[0].startswith("decoder.") for r in rows):  # an encoder-decoder model: the two parts, then the total
+        decoder = sum(r[2] for r in rows if is_decoder_param(r[0]))
         lines.append(f"{'encoder':<{width}}  {'':<14} {total - decoder:>12,}")
         lines.append(f"{'decoder (with the head)':<{width}}  {'':<14} {decoder:>12,}")
     lines.append(f"{'total':<{width}}  {'':<14} {total:>12,}")
