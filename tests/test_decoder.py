@@ -1,7 +1,8 @@
 """The encoder-decoder designs (model.decoder: self | cross): cross-attention against torch's own
 module and against seed 004's example computed by hand, the visible-token gather against a
 per-image loop, what the encoder and the logits may not see, rotary positions of gathered tokens,
-gradients, FLOPs, checkpoints, every verb, and the configs that are refused."""
+gradients, checkpoints, every verb, and the configs that are refused. (Their FLOP count is tested in
+tests/test_flops.py, their parameter table in tests/test_params.py.)"""
 
 import math
 
@@ -9,19 +10,17 @@ import pytest
 import torch
 from PIL import Image
 from torch import nn
-from torch.utils.flop_counter import FlopCounterMode
 
 from tests.conftest import assert_user_error, run_cli, write_config
 from vitmask import runner
-from vitmask.checkpoint import save_checkpoint
+from vitmask.checkpoint import load_model, save_checkpoint
 from vitmask.config import Config, DataConfig, MaskConfig, ModelConfig, config_from_dict
-from vitmask.data import BatchSampler
 from vitmask.decoder import CrossAttention
 from vitmask.errors import UserError
 from vitmask.masking import random_mask, visible_ids
 from vitmask.model import apply_rope, build_model, gather_rope, gather_tokens, rope_2d_angles, split_heads
 from vitmask.optim import param_groups
-from vitmask.params import format_table, forward_flops_per_image, train_flops_per_image
+from vitmask.params import format_table
 
 DESIGNS = [
     {"decoder": "self"},
@@ -242,70 +241,14 @@ def test_rope_on_gathered_tokens_equals_rope_on_the_full_sequence_restricted_to_
     assert not torch.allclose(enc, by_slot(q_all) @ by_slot(k_all).transpose(-1, -2))
 
 
-# ---- FLOPs, parameters, checkpoints, verbs -----------------------------------------------------
-@pytest.mark.parametrize("design", [*DESIGNS, {"decoder": "self", "activation": "swiglu", "pos": "rope2d"}])
-def test_flop_count_matches_torch_flop_counter(design):
-    # torch's counter sees every matmul of the explicit attention path (it does not count CPU SDPA)
-    cfg = decoder_config(image_size=16, attention="explicit", **design)  # 64 patches, 32 masked
-    model = build_model(cfg)
-    batch = BatchSampler(torch.randint(0, 2, (8, 16, 16), dtype=torch.uint8), cfg).sample()
-    with FlopCounterMode(display=False) as fwd:
-        model(batch.patches, batch.mask, batch.ids)
-    assert fwd.get_total_flops() == 4 * forward_flops_per_image(cfg)
-    with FlopCounterMode(display=False) as step:
-        model(batch.patches, batch.mask, batch.ids).sum().backward()
-    # the only matmul the 3x rule over-counts: the embedding's input gradient, never computed
-    assert step.get_total_flops() == pytest.approx(4 * train_flops_per_image(cfg), rel=0.01)
-
-
-def test_flops_by_hand_for_the_benchmark_model_at_ratio_three_quarters():
-    # d=128, depth 4, FFN 512 on 256 tokens of 4 pixels, 16 classes; 192 masked, 64 visible; a
-    # decoder of width 128, FFN 512, depth 1. Per encoder block over 64 tokens: QKV 2*64*128*384,
-    # scores and weights x V 2*2*64*64*128, output 2*64*128^2, FFN 2*2*64*128*512.
-    enc_block = 2 * 64 * 128 * 384 + 4 * 64 * 64 * 128 + 2 * 64 * 128**2 + 4 * 64 * 128 * 512
-    enc = 2 * 64 * 4 * 128 + 4 * enc_block
-    project, head = 2 * 64 * 128 * 128, 2 * 192 * 128 * 16
-    # self: its one (last) block asks queries of the 192 masked tokens only, K and V of all 256
-    self_block = 2 * 192 * 128**2 + 2 * 256 * 128 * 256 + 4 * 192 * 256 * 128 + 2 * 192 * 128**2
-    self_block += 4 * 192 * 128 * 512
-    # cross: 192 queries, K and V of the 64 visible tokens
-    cross_block = 2 * 192 * 128**2 + 2 * 64 * 128 * 256 + 4 * 192 * 64 * 128 + 2 * 192 * 128**2
-    cross_block += 4 * 192 * 128 * 512
-    for kind, dec in (("self", self_block), ("cross", cross_block)):
-        cfg = Config(
-            mask=MaskConfig(ratio=0.75, fill="learned"),
-            model=ModelConfig(hidden_dim=128, num_heads=4, depth=4, ffn_dim=512, decoder=kind),
-        )
-        assert forward_flops_per_image(cfg) == enc + project + dec + head, kind
-
-
-def test_count_params_shows_encoder_and_decoder_totals():
-    # encoder 32 wide (P = 4, N = 16): embed 4*32+32, pos 16*32, 2 blocks of
-    # LN 64 + QKV 32*96+96 + out 32*32+32 + LN 64 + FFN 32*64+64 + 64*32+32, final LN 64
-    enc_block = 64 + 32 * 96 + 96 + 32 * 32 + 32 + 64 + 32 * 64 + 64 + 64 * 32 + 32
-    encoder = 4 * 32 + 32 + 16 * 32 + 2 * enc_block + 64
-    # decoder 16 wide, FFN 64 * 16 / 32 = 32: embed 32*16+16, mask token 16, pos 16*16, 2 blocks,
-    # final LN 32, head 16*16+16
-    dec_block = 32 + 16 * 48 + 48 + 16 * 16 + 16 + 32 + 16 * 32 + 32 + 32 * 16 + 16
-    decoder = 32 * 16 + 16 + 16 + 16 * 16 + 2 * dec_block + 32 + 16 * 16 + 16
-    for design in DESIGNS[:2]:  # a cross block holds the same matrices: W_q (E, E) and W_k, W_v (2E, E)
-        model = build_model(decoder_config(**design))
-        lines = format_table(model).splitlines()
-        assert lines[-3].split()[-1] == f"{encoder:,}" and lines[-3].startswith("encoder")
-        assert lines[-2].split()[-1] == f"{decoder:,}" and lines[-2].startswith("decoder")
-        assert lines[-1].split()[-1] == f"{encoder + decoder:,}"
-        assert sum(p.numel() for p in model.parameters()) == encoder + decoder
-    single = format_table(build_model(Config(model=ModelConfig(hidden_dim=32, num_heads=2))))
-    assert not any(line.startswith(("encoder", "decoder")) for line in single.splitlines())  # no split without one
-
-
+# ---- checkpoints, verbs (FLOPs: tests/test_flops.py; parameters: tests/test_params.py) ----------
 @pytest.mark.parametrize("design", DESIGNS)
 def test_each_decoder_round_trips_through_a_checkpoint(design, tmp_path):
     torch.manual_seed(1)
     cfg = decoder_config(pos="rope2d", **design)
     model = build_model(cfg).eval()
     path = save_checkpoint({"model": model.state_dict(), "config": cfg.to_dict(), "step": 0}, tmp_path / "m.pt")
-    loaded, loaded_cfg, _ = runner.load_model(path, torch.device("cpu"))
+    loaded, loaded_cfg, _ = load_model(path, torch.device("cpu"))
     assert loaded_cfg == cfg
     x, ids, mask = pixels_and_mask()
     assert torch.equal(loaded(x, mask, ids), model(x, mask, ids))
@@ -313,7 +256,7 @@ def test_each_decoder_round_trips_through_a_checkpoint(design, tmp_path):
     other = decoder_config(pos="rope2d", decoder="self" if design["decoder"] == "cross" else "cross")
     bad = save_checkpoint({"model": model.state_dict(), "config": other.to_dict()}, tmp_path / "x.pt")
     with pytest.raises(UserError, match="checkpoint does not fit this model"):
-        runner.load_model(bad, torch.device("cpu"))
+        load_model(bad, torch.device("cpu"))
 
 
 @pytest.mark.parametrize("kind", ["self", "cross"])

@@ -150,7 +150,7 @@ class ModelConfig:
     # none: one stack over all N tokens (masked ones as mask.fill) | self: MAE, the encoder (the keys above) sees
     # the visible patches only, a decoder self-attends over them and mask tokens | cross: CrossMAE, mask tokens
     # at the masked positions cross-attend to the encoder's output (README, Encoder-decoder); needs mask.fill=learned
-    decoder: str = "none"
+    decoder: str = "none"  # none | self (MAE) | cross (CrossMAE): the encoder-decoder design, as above
     decoder_depth: int = 1  # decoder blocks (self, cross)
     decoder_dim: int = 0  # decoder width E (the encoder's output is projected to it); 0 = hidden_dim
     decoder_heads: int = 0  # decoder attention heads (plain multi-head, no grouped K/V); 0 = num_heads
