@@ -17,8 +17,8 @@ from vitmask.config import config_from_dict
 from vitmask.errors import UserError
 from vitmask.masking import random_mask
 from vitmask.model import build_model
-from vitmask.patches import patches_to_classes, patchify
-from vitmask.sampling import DecodeOptions, decode_masked, sample_images, unmask_schedule
+from vitmask.patches import patches_to_classes, patchify, unpatchify
+from vitmask.sampling import DecodeOptions, decode_masked, predict_every_patch, sample_images, unmask_schedule
 
 CHI2_15_DF_0001 = 37.70
 
@@ -77,10 +77,16 @@ def a_joint() -> torch.Tensor:
     return w / w.sum()
 
 
-def tiny_vit(fill="learned", pos="learned", image_size=8):
+def tiny_vit(fill="learned", pos="learned", image_size=8, decoder="none"):
     cfg = config_from_dict(
         {**TINY, "data": {**TINY["data"], "image_size": image_size}},
-        [f"mask.fill={fill}", f"model.pos={pos}", "model.num_heads=2", "model.hidden_dim=32"],
+        [
+            f"mask.fill={fill}",
+            f"model.pos={pos}",
+            "model.num_heads=2",
+            "model.hidden_dim=32",
+            f"model.decoder={decoder}",
+        ],
     )
     torch.manual_seed(0)
     return build_model(cfg).eval(), cfg
@@ -200,6 +206,23 @@ def test_a_fully_masked_canvas_gives_finite_logits_and_a_whole_image(fill, pos):
     g = torch.Generator().manual_seed(0)
     images = sample_images(model, 5, 8, 2, DecodeOptions(steps=16, temperature=1.0, order="random"), g)
     assert images.shape == (5, 8, 8) and set(images.unique().tolist()) <= {0, 1}
+
+
+@pytest.mark.parametrize("decoder", ["self", "cross"])
+def test_an_encoder_decoder_model_gets_rows_of_different_hidden_counts_right(decoder):
+    # the decoder gathers each row's visible patches densely, so one call needs one count per row:
+    # the result must equal calling the model on each row alone (counts 3, 9, 0 and 3)
+    model, _ = tiny_vit("learned", "rope2d", decoder=decoder)
+    pix = (torch.rand(4, 16, 4, generator=torch.Generator().manual_seed(1)) < 0.4).float()
+    mask = torch.zeros(4, 16, dtype=torch.bool)
+    mask[0, :3], mask[1, 4:13], mask[3, [1, 7, 15]] = True, True, True
+    with torch.no_grad():
+        one_by_one = torch.cat([model(pix[i : i + 1], mask[i : i + 1]) for i in range(4)])  # (4, 16, 16)
+        assert not torch.allclose(model(pix, mask)[1], one_by_one[1], atol=1e-3)  # one call alone gets row 1 wrong
+    assert torch.allclose(predict_every_patch(model, pix, mask), one_by_one, atol=1e-5)
+    images = unpatchify(pix.to(torch.uint8), 2)  # (4, 8, 8)
+    out = decode_masked(model, images, mask, 2, DecodeOptions(steps=3))
+    assert torch.equal(out[~mask], patches_to_classes(pix)[~mask])  # visible patches kept, every row decoded
 
 
 @pytest.mark.parametrize(

@@ -203,7 +203,7 @@ def count_params(
     checkpoint: Path = typer.Option(None, "--checkpoint", help="Count the model of a checkpoint instead."),
     overrides: list[str] = SetOpt,
 ) -> None:
-    """Print one row per parameter tensor, then the total."""
+    """Print one row per parameter tensor, then the total (with a decoder, the encoder's and the decoder's first)."""
     from vitmask.params import format_table
 
     print(format_table(runner.count_params(config, checkpoint, overrides)))

@@ -44,6 +44,7 @@ import torch
 
 from vitmask.errors import UserError
 from vitmask.patches import patches_to_classes, patchify
+from vitmask.sampling import predict_every_patch
 
 MAX_CLASSES = 2**16  # the bound needs the model's softmax over every patch class: 4x4 patches at most
 MAX_ENUMERATED_PATCHES = 16  # enumerated_bound draws 2^N - 1 hidden sets per image
@@ -76,7 +77,7 @@ def masked_nll(model: torch.nn.Module, patches: torch.Tensor, mask: torch.Tensor
     """patches (B, N, P) 0/1, mask (B, N) with at least one True per row -> (B,) mean over the
     hidden patches of -log p(x_i | visible), in nats (float64)."""
     truth = patches_to_classes(patches)  # (B, N)
-    logp = model(patches.float(), mask).float().log_softmax(-1)  # (B, N, C)
+    logp = predict_every_patch(model, patches.float(), mask).float().log_softmax(-1)  # (B, N, C)
     nll = -logp.gather(-1, truth.unsqueeze(-1)).squeeze(-1).double()  # (B, N)
     return (nll * mask).sum(1) / mask.sum(1)  # (B,)
 

@@ -21,7 +21,7 @@ Temperature 0 with the `confidence` order and no choice noise is deterministic: 
 (steps = 1: every hidden patch gets its most likely class at once) or the most-confident-first fill
 that `vitmask inpaint` has always made. Random draws come from a `torch.Generator` on the model's
 device, so a seed repeats a result there. Everything is batched on the device; rows may hide
-different counts.
+different counts (`predict_every_patch`: an encoder-decoder model gets one call per distinct count).
 
 Shapes: B images, H = W side, N patches, P pixels per patch, C classes, T rounds.
 """
@@ -84,6 +84,29 @@ def unmask_schedule(num_hidden: torch.Tensor, steps: int) -> torch.Tensor:
     return table
 
 
+def predict_every_patch(model: torch.nn.Module, patches: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """patches (B, N, P), mask (B, N) True = hidden, any count per row -> model(patches, mask): (B, N, C).
+
+    An encoder-decoder model (model.decoder self | cross) gathers each row's visible patches into
+    one dense tensor, so one call needs the same hidden count in every row: rows are grouped by
+    count, one call per distinct count (a host sync; never in a training step). The single-stack
+    model takes any mask in one call.
+    """
+    if getattr(model, "decoder", None) is None:
+        return model(patches, mask)  # (B, N, C)
+    counts = mask.sum(1)  # (B,)
+    distinct = counts.unique()
+    if len(distinct) == 1:
+        return model(patches, mask)  # (B, N, C)
+    out = None
+    for m in distinct:
+        rows = (counts == m).nonzero().squeeze(1)  # (b,)
+        logits = model(patches[rows], mask[rows])  # (b, N, C)
+        out = logits.new_empty(*mask.shape, logits.shape[-1]) if out is None else out  # (B, N, C)
+        out[rows] = logits
+    return out
+
+
 def gumbel(shape: tuple[int, ...], generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
     """Standard Gumbel noise, -log(-log(u)) with u ~ U(0, 1): argmax(logits + noise) draws from softmax(logits)."""
     u = torch.rand(shape, generator=generator, device=device).clamp_min(torch.finfo(torch.float32).tiny)
@@ -115,7 +138,7 @@ def decode_masked(
     for t in range(rounds):
         if not busy[t]:
             continue
-        logp = model(pix, hidden).float().log_softmax(-1)  # (B, N, C)
+        logp = predict_every_patch(model, pix, hidden).float().log_softmax(-1)  # (B, N, C)
         if options.temperature == 0:
             guess = logp.argmax(-1)  # (B, N)
         else:
