@@ -43,6 +43,7 @@ class DataConfig:
     emnist_split: str = "balanced"  # torchvision EMNIST: byclass | bymerge | balanced | letters | digits | mnist
     download: bool = False  # torchvision: fetch the dataset into path when it is not there
     npz_key: str = "images"  # npz: the archive's key of the image array, (n, H, W) or (n, H, W, C)
+    npz_labels_key: str = "labels"  # npz: the key of the labels array (n,), one class per image; optional
     bad_files: str = "skip"  # folder: unreadable image files are skipped (count on stderr) | fail
     val_fraction: float = 0.1  # share held out for validation (of the train split where a source has one)
     test_fraction: float = 0.1  # share held out for testing, where a source has no test split of its own
