@@ -272,6 +272,20 @@ class MaskedPatchViT(nn.Module):
         x = self.blocks[-1](x, rope, ids)  # (B, M or N, D)
         return self.head(self.norm(x))  # (B, M or N, C)
 
+    def features(self, patches: torch.Tensor, layer: int | None = None) -> torch.Tensor:
+        """patches (B, N, P) float pixels, none masked -> (B, D) image features for probes.
+
+        The mean over the N tokens of the final normalised tokens (what the head reads), or with
+        `layer` K of block K's output (1..depth; 0 is the embedded patches, before any block).
+        """
+        x = self.embed(patches)  # (B, N, D): nothing is masked, so neither fill nor mask_token applies
+        if self.pos is not None:
+            x = x + self.pos  # (B, N, D)
+        rope = (self.rope_cos, self.rope_sin) if self.pos_kind == "rope2d" else None
+        for block in self.blocks[:layer]:  # every block, or the first K
+            x = block(x, rope)  # (B, N, D)
+        return (x if layer is not None else self.norm(x)).mean(1)  # (B, D)
+
 
 def build_model(cfg: Config) -> MaskedPatchViT:
     d = cfg.data

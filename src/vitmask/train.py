@@ -89,6 +89,7 @@ class Trainer:
         device: torch.device,
         logger=None,
         world: World | None = None,
+        probe=None,
     ):
         t = cfg.train
         self.world = world or World()
@@ -103,6 +104,7 @@ class Trainer:
         self.cfg = cfg
         self.device = device
         self.logger = logger or NullLogger()
+        self.probe = probe  # probe.OnlineProbe, run every train.probe_every steps (rank 0), or None
         self.model = build_model(cfg).to(device)  # the plain module: state dicts and evaluation use it
         self.optimizer = build_optimizer(self.model, t)
         self.scheduler = build_scheduler(self.optimizer, t)
@@ -265,6 +267,8 @@ class Trainer:
                     self._log_train(bar, progress)
                 if self.step % t.eval_every == 0 or last:
                     val = self._validate(run_dir, bar)
+                if self.probe is not None and (self.step % t.probe_every == 0 or last):
+                    self._log_probe(bar)
                 saved = run_dir is not None and (self.step % t.checkpoint_every == 0 or last)
                 if saved:
                     self.save(run_dir)
@@ -346,6 +350,14 @@ class Trainer:
             if run_dir is not None and self.world.main:
                 save_checkpoint(self.state_dict(), Path(run_dir) / "best.pt")
         return val
+
+    def _log_probe(self, bar) -> None:
+        """The online probe's accuracies on val, to the logger and the console."""
+        m = self.probe(self.model)
+        self.logger.log(m, self.step)
+        line = f"step {self.step}/{self.cfg.train.max_steps}  probe on val: k-NN acc {m['probe/knn_acc']:.4f}"
+        bar.write(f"{line}  linear acc {m['probe/linear_acc']:.4f}", file=sys.stdout)
+        sys.stdout.flush()
 
     def _log_hparams(self, val: dict[str, float]) -> None:
         if not self.world.main:
