@@ -188,8 +188,11 @@ def test_probe_bad_k_one_class_and_split_are_user_errors(ckpt):
     with pytest.raises(UserError, match=r"--k 509 is not possible with 508 train images; pass a k from 1 to 508"):
         probe.run_probes(model, cfg, data, "test", k=509)
     one = {k: torch.full_like(v, 3) for k, v in data.labels.items()}
-    with pytest.raises(UserError, match="the train split holds class 3 only; a probe needs labels of at least two"):
+    with pytest.raises(UserError, match="the train split's images hold class 3 only; a probe needs labels of at least"):
         probe.run_probes(model, cfg, LabelledSplits(data.images, one), "test")
+    few = config_from_dict({**TINY, "train": {**TINY["train"], "probe_every": 5, "probe_train_images": 1}})
+    with pytest.raises(UserError, match=r"the first 1 train images hold class \d only.*raise train.probe_train_images"):
+        probe.online_probe(few, data, CPU)
     with pytest.raises(UserError, match="unknown split 'train' for probe; use val or test"):
         from vitmask.runner import probe_checkpoint
 

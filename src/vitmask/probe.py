@@ -175,14 +175,12 @@ def check_k(k: int, num_train: int) -> None:
         )
 
 
-def check_classes(labels: torch.Tensor, split: str) -> None:
+def check_classes(labels: torch.Tensor, what: str, fix: str) -> None:
+    """A probe learns to tell classes apart: `what` (the images `labels` belong to) needs two."""
     classes = labels.unique()
     if len(classes) < 2:
         which = f"class {int(classes[0])}" if len(classes) else "no images"
-        raise UserError(
-            f"the {split} split holds {which} only; a probe needs labels of at least two classes there: "
-            "label the images with their real classes, or change the split"
-        )
+        raise UserError(f"{what} hold {which} only; a probe needs labels of at least two classes there: {fix}")
 
 
 def class_indices(labels: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], int]:
@@ -206,7 +204,7 @@ def run_probes(
     labels = require_labels(data, cfg)
     check_layer(layer, cfg.model.depth)
     check_k(k, len(labels["train"]))
-    check_classes(labels["train"], "train")
+    check_classes(labels["train"], "the train split's images", "label the images with their real classes")
     labels, num_classes = class_indices(labels)
     device = next(model.parameters()).device
     labels = {s: labels[s].to(device) for s in ("train", "val", split)}
@@ -273,7 +271,7 @@ class OnlineProbe:
     def __init__(self, cfg: Config, data: LabelledSplits, device: torch.device):
         labels = require_labels(data, cfg)
         n = cfg.train.probe_train_images
-        check_classes(labels["train"][:n], f"train (its first {n:,} images)")
+        check_classes(labels["train"][:n], f"the first {n:,} train images", "raise train.probe_train_images")
         indexed, self.num_classes = class_indices({"train": labels["train"][:n], "val": labels["val"]})
         self.labels = {s: y.to(device) for s, y in indexed.items()}
         self.images = {"train": data.images["train"][:n].to(device), "val": data.images["val"].to(device)}
