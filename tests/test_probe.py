@@ -11,15 +11,14 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import TINY, assert_user_error, write_config
+from tests.conftest import TINY, RecordingLogger, assert_user_error, write_config
 from tests.test_sources import numbered_images
 from vitmask import cli, probe
-from vitmask.checkpoint import load_checkpoint, save_checkpoint
+from vitmask.checkpoint import load_checkpoint, load_model, save_checkpoint
 from vitmask.config import config_from_dict, load_config
 from vitmask.data import LabelledSplits, load_labelled_splits
 from vitmask.errors import UserError
 from vitmask.patches import patchify
-from vitmask.runner import load_model
 from vitmask.train import Trainer
 
 CPU = torch.device("cpu")
@@ -201,27 +200,10 @@ def test_probe_bad_k_one_class_and_split_are_user_errors(ckpt):
 
 
 # ---- online ---------------------------------------------------------------------------------------
-class Recorder:
-    def __init__(self):
-        self.rows = []
-
-    def log(self, metrics, step):
-        self.rows.append((step, dict(metrics)))
-
-    def log_image(self, *a):
-        pass
-
-    def log_hparams(self, *a, **k):
-        pass
-
-    def close(self):
-        pass
-
-
 def test_online_probe_logs_knn_on_its_cadence_and_leaves_training_unchanged():
     cfg = config_from_dict({**TINY, "train": {**TINY["train"], "probe_every": 10, "probe_train_images": 200}})
     data = load_labelled_splits(cfg)
-    log = Recorder()
+    log = RecordingLogger()
     with_probe = Trainer(cfg, data.images, CPU, logger=log, probe=probe.online_probe(cfg, data, CPU))
     with_probe.fit(progress=False)
     plain = Trainer(cfg, data.images, CPU)

@@ -20,7 +20,7 @@ except ImportError:  # pragma: no cover - depends on the installed typer
 from vitmask import runner
 from vitmask.config import dump_config
 from vitmask.errors import UserError
-from vitmask.train import Interrupted
+from vitmask.signals import Interrupted
 
 app = typer.Typer(
     add_completion=False,

@@ -10,19 +10,20 @@ from pathlib import Path
 import torch
 
 from vitmask import distributed
-from vitmask.checkpoint import latest_checkpoint, load_checkpoint, remove_stale_temps
+from vitmask.checkpoint import checkpoint_config, latest_checkpoint, load_checkpoint, load_model, remove_stale_temps
 from vitmask.config import Config, config_from_dict, dump_config, load_config
 from vitmask.data import SPLITS, eval_batches, load_labelled_splits, load_splits
 from vitmask.errors import UserError
 from vitmask.evaluate import evaluate_split
 from vitmask.inpaint import boxes_to_mask, check_patch_mask, fill, mask_image_to_pixels, parse_box, pixels_to_patches
 from vitmask.metrics_log import TensorBoardLogger
-from vitmask.model import MaskedPatchViT, build_model
+from vitmask.model import build_model
+from vitmask.params import ParamRow, param_rows
 from vitmask.preprocess import binarize_images, load_image_file
 from vitmask.probe import online_probe, run_probes
-from vitmask.render import fill_predictions, reconstruction_grid, save_binary_image, save_grid
+from vitmask.render import paste_predictions, reconstruction_grid, save_binary_image, save_grid
 from vitmask.runtime import resolve_device
-from vitmask.train import Trainer, check_model_state
+from vitmask.train import Trainer
 
 
 def resolve_config(config: Path | None, overrides: list[str], state: dict | None = None) -> Config:
@@ -93,16 +94,6 @@ def train(
         return run_dir, val
     finally:
         distributed.shutdown()
-
-
-def load_model(path: Path, device: torch.device) -> tuple[MaskedPatchViT, Config, dict]:
-    """The model of a checkpoint, in eval mode on `device`, with its config and the raw state."""
-    state = load_checkpoint(path)
-    cfg = config_from_dict(state["config"])
-    model = build_model(cfg)
-    check_model_state(model, state["model"])
-    model.load_state_dict(state["model"])
-    return model.to(device).eval(), cfg, state
 
 
 def check_ratio(ratio: float) -> None:
@@ -196,20 +187,18 @@ def inpaint(
     mask = mask.unsqueeze(0).to(device)  # (1, N)
     picture = picture.to(device)
     classes = fill(model, picture, mask, d.patch_size, steps if iterative else 1)  # (1, N)
-    filled = fill_predictions(picture, mask, classes, d.patch_size)[0]  # (S, S)
+    filled = paste_predictions(picture, mask, classes, d.patch_size)[0]  # (S, S)
     save_binary_image(filled, out)
     return {"out": str(out), "filled_patches": int(mask.sum()), "patches": mask.numel(), "image_size": d.image_size}
 
 
-def count_params(config: Path | None, checkpoint: Path | None, overrides: list[str]) -> MaskedPatchViT:
+def count_params(config: Path | None, checkpoint: Path | None, overrides: list[str]) -> list[ParamRow]:
+    """One row per parameter tensor (name, shape, count, the seed's name) of the model a config, or a
+    checkpoint's config, describes, `overrides` applied."""
     if (config is None) == (checkpoint is None):
         raise UserError("count-params needs exactly one of --config PATH or --checkpoint PATH")
-    if checkpoint is not None:
-        state = load_checkpoint(checkpoint)
-        cfg = config_from_dict(state["config"], overrides)
-    else:
-        cfg = load_config(config, overrides)
-    return build_model(cfg)
+    cfg = checkpoint_config(checkpoint, overrides) if checkpoint is not None else load_config(config, overrides)
+    return param_rows(build_model(cfg))
 
 
 def preview(config: Path | None, overrides: list[str], out: Path, count: int, seed: int) -> str:
