@@ -44,6 +44,7 @@ class DataConfig:
     emnist_split: str = "balanced"  # torchvision EMNIST: byclass | bymerge | balanced | letters | digits | mnist
     download: bool = False  # torchvision: fetch the dataset into path when it is not there
     npz_key: str = "images"  # npz: the archive's key of the image array, (n, H, W) or (n, H, W, C)
+    npz_labels_key: str = "labels"  # npz: the key of the labels array (n,), one class per image; optional
     bad_files: str = "skip"  # folder: unreadable image files are skipped (count on stderr) | fail
     val_fraction: float = 0.1  # share held out for validation (of the train split where a source has one)
     test_fraction: float = 0.1  # share held out for testing, where a source has no test split of its own
@@ -289,12 +290,16 @@ class TrainConfig:
     compile: bool = False  # wrap the model in torch.compile
     deterministic: bool = False  # ask torch for deterministic algorithms (slower; exact resume on CPU)
     keep_last: int = 3  # step_*.pt checkpoints kept in the run dir (last.pt and best.pt always kept)
+    probe_every: int = 0  # steps between online probes (k-NN and linear accuracy on val, from labels); 0 = off
+    probe_train_images: int = 2000  # online probe: the first this many train images are what the probes fit
 
     def __post_init__(self) -> None:
         _check(self.lr > 0, "train.lr", f"must be > 0, got {self.lr}")
         for k in ("max_steps", "eval_every", "checkpoint_every", "log_every", "accum_steps", "keep_last"):
             _check(getattr(self, k) >= 1, f"train.{k}", "must be >= 1")
         _check(self.eval_batches >= 0, "train.eval_batches", "must be >= 0")
+        _check(self.probe_every >= 0, "train.probe_every", "must be >= 0 (0 = off)")
+        _check(self.probe_train_images >= 1, "train.probe_train_images", "must be >= 1")
         _choice(self.optimizer, "train.optimizer", ("adam", "adamw"))
         _check(self.weight_decay >= 0, "train.weight_decay", f"must be >= 0, got {self.weight_decay}")
         for k in ("beta1", "beta2"):

@@ -304,11 +304,14 @@ class MaskedPatchViT(nn.Module):
         return self.head(self.norm(x))  # (B, M or N, C)
 
     # ---- the encoder-decoder designs (model.decoder: self | cross) ---------------------------
-    def forward_encoder(self, patches: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
+    def forward_encoder(
+        self, patches: torch.Tensor, keep: torch.Tensor | None = None, depth: int | None = None
+    ) -> torch.Tensor:
         """patches (B, N, P), keep (B, V) the visible patches' indices (None: all N) -> (B, V, D).
 
         The encoder sees the patches in `keep` only, gathered into a dense tensor; each token gets
         the position of its own patch (added, or rotated in by rope2d). A pre-norm stack ends in its norm.
+        With `depth` K, the output of block K instead (0: the embedded patches), not normalised.
         """
         rope = (self.rope_cos, self.rope_sin) if self.pos_kind == "rope2d" else None
         if keep is None:
@@ -321,9 +324,9 @@ class MaskedPatchViT(nn.Module):
         if pos is not None:
             x = x + pos  # (B, V, D)
         if x.shape[1] > 0:  # every patch masked: no token, nothing to compute
-            for block in self.blocks:
+            for block in self.blocks[:depth]:  # every block, or the first K
                 x = block(x, rope)  # (B, V, D)
-        return self.norm(x)  # (B, V, D)
+        return self.norm(x) if depth is None else x  # (B, V, D)
 
     def forward_decoder(self, encoded: torch.Tensor, keep: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """encoded (B, V, D) at the visible positions keep (B, V) -> logits (B, M, C) for the masked ids (B, M)."""
@@ -342,6 +345,14 @@ class MaskedPatchViT(nn.Module):
             return logits
         full = logits.new_zeros(*mask.shape, logits.shape[-1])  # (B, N, C)
         return full.scatter(1, ids.unsqueeze(-1).expand_as(logits), logits)  # (B, N, C)
+
+    def features(self, patches: torch.Tensor, layer: int | None = None) -> torch.Tensor:
+        """patches (B, N, P) float pixels, none masked -> (B, D) image features for probes.
+
+        The mean over the N tokens of the final normalised tokens (what the head reads), or with
+        `layer` K of block K's output (1..depth; 0 is the embedded patches, before any block).
+        """
+        return self.forward_encoder(patches, depth=layer).mean(1)  # (B, D): nothing masked, no fill applies
 
 
 def build_model(cfg: Config) -> MaskedPatchViT:

@@ -14,7 +14,7 @@ import torch
 from vitmask import distributed
 from vitmask.checkpoint import checkpoint_config, latest_checkpoint, load_checkpoint, load_model, remove_stale_temps
 from vitmask.config import Config, config_from_dict, dump_config, load_config
-from vitmask.data import SPLITS, eval_batches, load_splits
+from vitmask.data import SPLITS, eval_batches, load_labelled_splits, load_splits
 from vitmask.errors import UserError
 from vitmask.evaluate import evaluate_split
 from vitmask.inpaint import boxes_to_mask, check_patch_mask, mask_image_to_pixels, parse_box, pixels_to_patches
@@ -24,6 +24,7 @@ from vitmask.metrics_log import TensorBoardLogger
 from vitmask.model import build_model
 from vitmask.params import ParamRow, param_rows
 from vitmask.preprocess import binarize_images, load_image_file
+from vitmask.probe import online_probe, run_probes
 from vitmask.render import image_grid, paste_predictions, reconstruction_grid, save_binary_image, save_grid
 from vitmask.runtime import resolve_device
 from vitmask.sampling import DecodeOptions, decode_masked, sample_images
@@ -81,9 +82,10 @@ def train(
         if world.main:
             _prepare_run_dir(run_dir, may_exist=state is not None or resume == "auto")
             remove_stale_temps(run_dir)
-        splits = load_splits(cfg)
+        data = load_labelled_splits(cfg)
+        probe = online_probe(cfg, data, device) if world.main else None
         logger = TensorBoardLogger(run_dir) if world.main else None
-        trainer = Trainer(cfg, splits, device, logger=logger, world=world)
+        trainer = Trainer(cfg, data.images, device, logger=logger, world=world, probe=probe)
         if state is not None:
             trainer.load_state_dict(state)
             if world.main:
@@ -291,3 +293,14 @@ def preview(config: Path | None, overrides: list[str], out: Path, count: int, se
     cfg = resolve_config(config, overrides)
     stats = write_preview(load_splits(cfg), cfg, out, count, seed)
     return format_stats(stats, cfg)
+
+
+def probe_checkpoint(path: Path, split: str, layer: int | None, k: int, seed: int, device_name: str) -> dict:
+    """The probe report of a checkpoint (probe.py): linear and k-NN accuracy on `split` of its
+    features, of random weights and of raw pixels, and the majority class."""
+    if split not in ("val", "test"):
+        raise UserError(f"unknown split '{split}' for probe; use val or test (the probes are fitted on train)")
+    device = resolve_device(device_name)
+    model, cfg, _ = load_model(path, device)
+    report = run_probes(model, cfg, load_labelled_splits(cfg), split, layer, k, seed)
+    return {"checkpoint": str(path), **report}
