@@ -1,5 +1,7 @@
 """A run you can leave overnight: exact resume after SIGKILL, signals, kills mid-save, NaN, rotation, TensorBoard."""
 
+import dataclasses
+import io
 import os
 import signal
 import subprocess
@@ -7,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -254,3 +257,101 @@ def test_tensorboard_gets_every_scalar_the_grid_and_hparams(tmp_path):
     assert int(width) == 8 * 16 + 9 * 2  # the eight fixed val images
     assert "hparams" in plugins.values()  # the hparams session, with the final metrics beside it
     assert seen["hparam/val_loss"] == seen["hparam/best_val_loss"] == [10]  # the final metrics, at the last step
+
+
+def uniform_image(k: int, size: int = 8) -> torch.Tensor:
+    """A (size, size) image whose every 2x2 patch is class k: [[a, b], [c, d]] is 8a + 4b + 2c + d."""
+    bits = torch.tensor([[(k >> 3) & 1, (k >> 2) & 1], [(k >> 1) & 1, k & 1]], dtype=torch.uint8)
+    return bits.repeat(size // 2, size // 2)  # (size, size)
+
+
+def test_tensorboard_holds_the_hand_counted_values_and_the_grid_pixel_for_pixel(tmp_path):
+    """What the event file holds, read back with TensorBoard's own reader: train/ scalars equal to the
+    hand counts of tests/test_train_metrics.py, val/ scalars counted by hand on val images whose
+    patches are all one class, and the reconstruction grid equal to the picture written out pixel by
+    pixel (tests/test_render.py) for a model that predicts class 15 everywhere."""
+    from PIL import Image
+    from tensorboard.backend.event_processing.event_accumulator import IMAGES, SCALARS, EventAccumulator
+
+    from tests.test_render import reference_picture
+    from tests.test_train_metrics import CFG, LN3, LN6, LN18, A, B
+
+    cfg = dataclasses.replace(CFG, train=dataclasses.replace(CFG.train, eval_every=2))  # val at steps 2 and 3
+    kinds = [15, 0, 9, 6, 15, 0, 10, 0]  # one class per val image: what a masked patch is does not depend on the mask
+    val = torch.stack([uniform_image(k) for k in kinds])  # (8, 8, 8)
+    blank = torch.zeros(4, 8, 8, dtype=torch.uint8)
+    run = tmp_path / "run"
+    trainer = Trainer(cfg, {"train": blank, "val": val}, torch.device("cpu"), logger=TensorBoardLogger(run))
+    with torch.no_grad():  # every logit is the head's bias: 0, and ln 3 for class 15 (so 15 is predicted)
+        trainer.model.head.weight.zero_()
+        trainer.model.head.bias.zero_()
+        trainer.model.head.bias[15] = LN3
+    trainer.sampler.sample = iter([A, A, B]).__next__  # lr 1e-9: the prediction stays 15 throughout
+    trainer.fit(progress=False)
+    trainer.close()
+
+    events = EventAccumulator(str(run), size_guidance={SCALARS: 0, IMAGES: 0})
+    events.Reload()
+    scalar = lambda tag: [(e.step, pytest.approx(e.value, rel=1e-6)) for e in events.Scalars(tag)]  # noqa: E731
+    # train/: window 1 (steps 1-2, batch A twice) and window 2 (step 3, batch B), as counted in test_train_metrics
+    assert scalar("train/acc") == [(2, 2 / 8), (3, 1 / 8)]
+    assert scalar("train/acc_nonempty") == [(2, 2 / 5), (3, 1 / 3)]
+    assert scalar("train/bit_acc") == [(2, 13 / 32), (3, 6 / 32)]
+    assert scalar("train/loss") == [(2, (6 * LN18 + 2 * LN6) / 8), (3, (7 * LN18 + LN6) / 8)]
+    assert scalar("train/lr") == [(2, 1e-9), (3, 1e-9)]
+    # val/: every image hides 4 of its 16 patches, all of its one class. Right: the two class-15 images
+    # (2 of 8); non-empty images: 15, 9, 6, 15, 10 (2 of 5); pixels right against 1111: the 1 bits of
+    # 15, 0, 9, 6, 15, 0, 10, 0 = 4+0+2+2+4+0+2+0 = 14 of 32; loss ln 6 on the 15s, ln 18 elsewhere
+    for step in (2, 3):
+        assert (step, 2 / 8) in scalar("val/acc")
+        assert (step, 2 / 5) in scalar("val/acc_nonempty")
+        assert (step, 14 / 32) in scalar("val/bit_acc")
+        assert (step, (2 * LN6 + 6 * LN18) / 8) in scalar("val/loss")
+
+    grids = events.Images("val/reconstruction")
+    assert [g.step for g in grids] == [2, 3]
+    assert grids[0].encoded_image_string == grids[1].encoded_image_string  # fixed images, fixed masks
+    got = np.asarray(Image.open(io.BytesIO(grids[1].encoded_image_string)).convert("RGB")).astype(int)  # (H', W', 3)
+    assert got.shape == (4 * (8 + 2) + 2, 8 * (8 + 2) + 2, 3)  # rows: original, masked, predicted, errors
+    # the masks, read off the masked-input row (grey 0.5 = 127 or 128): M = round(0.25 * 16) = 4 per image
+    masked_row = got[2 + 10 : 2 + 10 + 8]  # (8, W', 3)
+    mask = torch.zeros(8, 16, dtype=torch.bool)
+    for col in range(8):
+        cell = masked_row[:, 2 + col * 10 : 2 + col * 10 + 8]  # (8, 8, 3)
+        grey = (np.abs(cell - 127.5) <= 1).all(-1)  # (8, 8)
+        patches = grey.reshape(4, 2, 4, 2).transpose(0, 2, 1, 3).reshape(16, 4)  # (16 patches, 4 pixels)
+        assert (patches.all(1) | ~patches.any(1)).all(), "a patch is grey as a whole or not at all"
+        mask[col] = torch.from_numpy(patches.all(1))
+    assert mask.sum(1).tolist() == [4] * 8
+    want = reference_picture(val, mask, torch.full((8, 16), 15), 2, scale=1)
+    assert np.abs(got - want).max() <= 1  # TensorBoard truncates to uint8 where the reference rounds
+    # class 15 pasted over empty patches: spurious pixels, orange, in the error row
+    assert (got[2 + 30 : 2 + 38] == [255, 153, 0]).all(-1).any()
+
+
+def test_last_pt_is_a_hard_link_to_the_newest_step_file(tmp_path):
+    cfg = load_config(
+        write_config(
+            tmp_path / "c.yaml", {"train": {"max_steps": 6, "checkpoint_every": 2, "keep_last": 2, "eval_every": 6}}
+        )
+    )
+    run = tmp_path / "run"
+    run.mkdir()
+    trainer = Trainer(cfg, load_splits(cfg), torch.device("cpu"))
+    save, seen = trainer._save, []
+
+    def save_and_look(checkpointer):  # after every checkpoint: which file is last.pt?
+        path = save(checkpointer)
+        newest = run / f"step_{trainer.step:07d}.pt"
+        seen.append((os.stat(path).st_ino, os.stat(newest).st_ino, os.stat(newest).st_nlink))
+        return path
+
+    trainer._save = save_and_look
+    trainer.fit(run, progress=False)
+    assert len(seen) == 3  # steps 2, 4, 6
+    for last_inode, newest_inode, links in seen:
+        assert last_inode == newest_inode  # the same file, not a copy
+        assert links == 2  # step_<step>.pt and last.pt
+    assert len({inode for inode, _, _ in seen}) == 3  # each save points last.pt at the new file
+    assert os.stat(run / "last.pt").st_ino == os.stat(run / "step_0000006.pt").st_ino
+    assert os.stat(run / "step_0000004.pt").st_nlink == 1  # the older step file is no longer linked

@@ -158,3 +158,29 @@ def test_the_training_log_counts_the_masked_patches_each_batch_really_had():
     assert len(set(masked)) > 1  # the batches hid different counts
     train_rows = [m for _, m in logger.rows if "train/acc" in m]
     assert train_rows[0]["train/acc"] == pytest.approx(sum(hits) / sum(masked))
+
+
+@pytest.mark.parametrize("schedule", ["uniform", "cosine"])
+def test_validation_hides_mask_ratio_while_training_draws_from_the_schedule(schedule):
+    cfg = mask_cfg(
+        f"mask.ratio_schedule={schedule}",
+        "mask.ratio=0.25",
+        "train.max_steps=4",
+        "train.eval_every=2",
+        "train.log_every=2",
+        image_size=16,
+    )
+    splits = {k: torch.randint(0, 2, (40, 16, 16), dtype=torch.uint8) for k in ("train", "val", "test")}
+    trainer = Trainer(cfg, splits, torch.device("cpu"))
+    counts = {True: [], False: []}  # training mode -> the masked count of every image the model was shown
+
+    def record(module, args):
+        counts[module.training] += args[1].sum(1).tolist()  # args: patches (B, N, P), mask (B, N), ...
+
+    trainer.model.register_forward_pre_hook(record)
+    trainer.fit(progress=False)
+    assert len(set(counts[True])) > 1  # training drew several counts from the schedule
+    # validation (at steps 2 and 4: 40 val images each) and its reconstruction grid (8 images each):
+    # round(0.25 * 64) = 16 masked patches, every image, every time
+    assert counts[False] == [16] * (2 * (40 + 8))
+    assert trainer.evaluate()["masked_patches"] == 40 * 16

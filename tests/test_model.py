@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from tests.conftest import ROOT
-from vitmask.config import Config, ModelConfig, load_config
+from vitmask.config import Config, ModelConfig, config_from_dict, load_config
 from vitmask.model import Attention, Block, FeedForward, MaskedPatchViT, build_model, merge_heads, split_heads
 
 
@@ -181,3 +181,70 @@ def test_last_block_on_masked_tokens_only_equals_the_full_forward(variant):
     torch.testing.assert_close(loss_p, loss_f)
     for name in grads_f:
         torch.testing.assert_close(grads_p[name], grads_f[name], msg=name)
+
+
+def hand_forward(model: MaskedPatchViT, patches: torch.Tensor, mask: torch.Tensor, fill, heads: int) -> torch.Tensor:
+    """Seed 001's single stack written out with plain torch ops from the model's own parameters:
+    embed (masked pixels set to `fill`, or the token set to the mask embedding), add the learned
+    positions, pre-norm blocks of softmax(Q K^T / sqrt(d)) V attention and a GELU FFN, the final norm,
+    the head. patches (B, N, P), mask (B, N) -> logits (B, N, C)."""
+    w = dict(model.named_parameters())
+    b, n, _ = patches.shape
+    if fill == "learned":
+        x = patches @ w["embed.weight"].T + w["embed.bias"]  # (B, N, D)
+        x = torch.where(mask[..., None], w["mask_token"], x)
+    else:
+        x = torch.where(mask[..., None], torch.full_like(patches, fill), patches) @ w["embed.weight"].T
+        x = x + w["embed.bias"]  # (B, N, D)
+    x = x + w["pos"]
+    dim = x.shape[-1]
+    d = dim // heads
+
+    def norm(t, name):
+        mean, var = t.mean(-1, keepdim=True), t.var(-1, unbiased=False, keepdim=True)
+        return (t - mean) / torch.sqrt(var + 1e-5) * w[f"{name}.weight"] + w[f"{name}.bias"]
+
+    for i in range(len(model.blocks)):
+        p = f"blocks.{i}."
+        h = norm(x, p + "norm1")
+        q, k, v = (h @ w[p + "attn.qkv.weight"].T + w[p + "attn.qkv.bias"]).split(dim, -1)  # 3 x (B, N, D)
+        q, k, v = (t.view(b, n, heads, d).transpose(1, 2) for t in (q, k, v))  # 3 x (B, H, N, d)
+        scores = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(d), dim=-1)  # (B, H, N, N)
+        att = (scores @ v).transpose(1, 2).reshape(b, n, dim)  # (B, N, D)
+        x = x + att @ w[p + "attn.proj.weight"].T + w[p + "attn.proj.bias"]
+        h = norm(x, p + "norm2")
+        hidden = h @ w[p + "ffn.fc1.weight"].T + w[p + "ffn.fc1.bias"]  # (B, N, F)
+        hidden = 0.5 * hidden * (1 + torch.erf(hidden / math.sqrt(2)))  # GELU, exact form
+        x = x + hidden @ w[p + "ffn.fc2.weight"].T + w[p + "ffn.fc2.bias"]
+    return norm(x, "norm") @ w["head.weight"].T + w["head.bias"]  # (B, N, C)
+
+
+@pytest.mark.parametrize("fill", [0.5, "learned"])
+def test_decoder_none_is_the_single_stack_written_out_by_hand(fill):
+    # model.decoder: none (the default, and given explicitly) must be exactly the one stack over all N
+    # tokens: the decoder option cannot have changed the default path
+    raw = {
+        "data": {"image_size": 8, "patch_size": 2},  # 16 patches of 4 pixels
+        "mask": {"ratio": 0.25, "fill": fill},
+        "model": {"hidden_dim": 16, "num_heads": 2, "depth": 2, "ffn_dim": 32, "pos": "learned"},
+    }
+    default = build_model(config_from_dict(raw))
+    explicit = build_model(config_from_dict({**raw, "model": {**raw["model"], "decoder": "none"}}))
+    assert explicit.decoder is None and default.decoder is None
+    assert sorted(default.state_dict()) == sorted(explicit.state_dict())
+    torch.manual_seed(0)
+    with torch.no_grad():  # non-trivial biases, norms and mask token, so each one shows
+        for p in default.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    explicit.load_state_dict(default.state_dict())
+    default, explicit = default.double().eval(), explicit.double().eval()
+    x = torch.randint(0, 2, (3, 16, 4)).double()
+    ids = torch.stack([torch.randperm(16)[:4] for _ in range(3)])  # (3, 4)
+    mask = torch.zeros(3, 16, dtype=torch.bool).scatter_(1, ids, True)
+    want = hand_forward(default, x, mask, fill, heads=2)  # (3, 16, 16)
+    with torch.no_grad():
+        for model in (default, explicit):
+            torch.testing.assert_close(model(x, mask), want, rtol=1e-10, atol=1e-10)
+            torch.testing.assert_close(
+                model(x, mask, ids), want.gather(1, ids[..., None].expand(-1, -1, 16)), rtol=1e-10, atol=1e-10
+            )

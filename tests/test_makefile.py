@@ -1,0 +1,47 @@
+"""The two set-up commands of the README, read with `make -n` (make prints the recipe and runs
+nothing): `make train` and `make test` create the virtualenv when it is missing, and only then, and
+`make train` passes `--resume auto`."""
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+
+
+def dry_run(target: str, venv: Path) -> list[str]:
+    """The commands `make TARGET VENV=venv` would run, one per line."""
+    res = subprocess.run(
+        ["make", "-n", target, f"VENV={venv}"], cwd=ROOT, capture_output=True, text=True, timeout=60, check=True
+    )
+    return [line.strip() for line in res.stdout.splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize(
+    "target, last", [("train", "{venv}/bin/vitmask train"), ("test", "{venv}/bin/python -m pytest")]
+)
+def test_make_train_and_test_create_the_venv_only_when_it_is_missing(tmp_path, target, last):
+    missing = tmp_path / "missing-venv"
+    commands = dry_run(target, missing)
+    assert commands[0] == f"python3 -m venv {missing}"
+    assert any(c.startswith(f"{missing}/bin/python -m pip install") and "'.[dev]'" in c for c in commands)
+    assert commands[-1].startswith(last.format(venv=missing))
+
+    ready = tmp_path / "ready-venv"  # a venv with its python and dependencies newer than pyproject.toml
+    (ready / "bin").mkdir(parents=True)
+    (ready / "bin" / "python").touch()
+    (ready / ".deps-installed").touch()
+    commands = dry_run(target, ready)
+    assert not any("-m venv" in c or "'.[dev]'" in c for c in commands)
+    assert commands[-1].startswith(last.format(venv=ready))
+
+
+def test_make_train_passes_resume_auto(tmp_path):
+    train = dry_run("train", tmp_path / "venv")[-1].split()
+    assert train[:2] == [f"{tmp_path}/venv/bin/vitmask", "train"]
+    assert train[train.index("--config") + 1] == "configs/default.yaml"
+    assert train[train.index("--resume") + 1] == "auto"
