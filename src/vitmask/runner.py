@@ -5,19 +5,22 @@ The CLI only parses arguments and renders results and errors; everything here is
 Python and raises `UserError` for bad input.
 """
 
+import contextlib
 from pathlib import Path
 
 import torch
 
-from vitmask import distributed
-from vitmask.checkpoint import latest_checkpoint, load_checkpoint, remove_stale_temps
-from vitmask.config import Config, config_from_dict, dump_config, load_config
+from vitmask import distributed, rundir
+from vitmask.checkpoint import describe_load_failure, load_checkpoint
+from vitmask.config import Config, check_seed, config_from_dict, dump_config, load_config
 from vitmask.data import SPLITS, eval_batches, load_splits
 from vitmask.errors import UserError
 from vitmask.evaluate import evaluate_split
 from vitmask.inpaint import boxes_to_mask, check_patch_mask, fill, mask_image_to_pixels, parse_box, pixels_to_patches
+from vitmask.memory import check_fits, check_model_fits, is_out_of_memory, out_of_memory
 from vitmask.metrics_log import TensorBoardLogger
 from vitmask.model import MaskedPatchViT, build_model
+from vitmask.outputs import check_out_file, write_atomically, write_text
 from vitmask.preprocess import binarize_images, load_image_file
 from vitmask.render import fill_predictions, reconstruction_grid, save_binary_image, save_grid
 from vitmask.runtime import resolve_device
@@ -32,21 +35,6 @@ def resolve_config(config: Path | None, overrides: list[str], state: dict | None
     raise UserError("no config given; pass --config PATH (for example configs/default.yaml)")
 
 
-def _prepare_run_dir(run_dir: Path, may_exist: bool) -> None:
-    if not may_exist and run_dir.exists() and any(run_dir.iterdir()):
-        raise UserError(
-            f"run dir {run_dir} already exists and is not empty; continue it with --resume auto, "
-            "or start a new run with --run-dir DIR"
-        )
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        probe = run_dir / ".write-test"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as e:
-        raise UserError(f"run dir {run_dir} is not writable ({e.strerror}); pass a writable --run-dir") from None
-
-
 def train(
     config: Path | None,
     overrides: list[str],
@@ -57,49 +45,85 @@ def train(
     """Start or continue a run. Returns the run dir and the final validation metrics.
 
     `resume` is a checkpoint path, or "auto": the newest checkpoint in the run dir, or a fresh start
-    when it has none. Under torchrun every rank trains; only rank 0 writes the run dir.
+    when it has none. Which checkpoint, which run dir, which config changes a resume may make, the
+    lock and the clean-up of a failed start: rundir.py. Under torchrun every rank trains; only
+    rank 0 owns and writes the run dir.
     """
     world, device = distributed.init(resolve_device(device_name))
     try:
-        state = None
-        if resume is not None and resume != "auto":
-            state = load_checkpoint(resume)
-            run_dir = run_dir or Path(resume).parent
-        if resume == "auto" and run_dir is not None and (latest := latest_checkpoint(run_dir)) is not None:
-            state = load_checkpoint(latest)
-        cfg = resolve_config(config, overrides, state)
-        if run_dir is None:  # --resume auto with a config: the config names the run dir
-            run_dir = Path("runs") / cfg.name
-            if resume == "auto" and (latest := latest_checkpoint(run_dir)) is not None:
-                state = load_checkpoint(latest)
-        if world.main:
-            _prepare_run_dir(run_dir, may_exist=state is not None or resume == "auto")
-            remove_stale_temps(run_dir)
-        splits = load_splits(cfg)
-        logger = TensorBoardLogger(run_dir) if world.main else None
-        trainer = Trainer(cfg, splits, device, logger=logger, world=world)
-        if state is not None:
-            trainer.load_state_dict(state)
-            if world.main:
-                print(f"resuming {run_dir} from step {trainer.step}")
-        if world.main:
-            (run_dir / "config.yaml").write_text(dump_config(cfg))
-        try:
-            val = trainer.fit(run_dir)
-        finally:
-            trainer.close()
-        return run_dir, val
+        plan = rundir.resolve(config, overrides, run_dir, resume)
+        check_fits(plan.cfg, device)
+        fresh = plan.state is None
+        owner = rundir.RunDir(plan.run_dir, fresh, auto=resume == "auto") if world.main else contextlib.nullcontext()
+        with owner, rundir.quiet_writer_threads():
+            return plan.run_dir, _run(plan, device, world)
     finally:
         distributed.shutdown()
+
+
+def _run(plan: rundir.Resolved, device: torch.device, world: distributed.World) -> dict[str, float]:
+    """Load the data, build (and restore) the trainer, write config.yaml, train; failed writes
+    (a full disk) and allocations end in one line."""
+    cfg, run_dir = plan.cfg, plan.run_dir
+    trainer = None
+    try:
+        splits = load_splits(cfg)
+        trainer = Trainer(cfg, splits, device, logger=TensorBoardLogger(run_dir) if world.main else None, world=world)
+        trainer.run_id = plan.run_id
+        if plan.state is not None:
+            _restore(trainer, plan)
+        if world.main:
+            write_text(run_dir / "config.yaml", dump_config(cfg), "config")
+        val = trainer.fit(run_dir)
+        trainer.close()
+        return val
+    except Exception as e:
+        if trainer is not None:
+            with contextlib.suppress(Exception):
+                trainer.close()
+        if is_out_of_memory(e):
+            raise out_of_memory(e, device, f"training at step {trainer.step if trainer else 0}") from None
+        if isinstance(e, UserError) and not hasattr(e, "errno"):
+            raise
+        failure = rundir.write_failure(e, run_dir, trainer.step if trainer else 0) if world.main else None
+        if failure is None:
+            raise
+        raise failure from None
+    except BaseException:
+        if trainer is not None:
+            with contextlib.suppress(Exception):
+                trainer.close()
+        raise
+
+
+def _restore(trainer: Trainer, plan: rundir.Resolved) -> None:
+    """Load the resumed checkpoint into the trainer and say so (one stdout line)."""
+    try:
+        trainer.load_state_dict(plan.state)
+    except UserError:
+        raise
+    except (KeyError, TypeError, ValueError, RuntimeError, IndexError, AttributeError) as e:
+        raise describe_load_failure(e, plan.source) from None
+    if not trainer.world.main:
+        return
+    changed = f" (changed: {'; '.join(plan.changes)})" if plan.changes else ""
+    if plan.run_id == plan.state.get("run_id") or rundir._same_dir(plan.source.parent, plan.run_dir):
+        print(f"resuming {plan.run_dir} from step {trainer.step}{changed}", flush=True)
+    else:
+        print(f"starting a new run in {plan.run_dir} from {plan.source} (step {trainer.step}){changed}", flush=True)
 
 
 def load_model(path: Path, device: torch.device) -> tuple[MaskedPatchViT, Config, dict]:
     """The model of a checkpoint, in eval mode on `device`, with its config and the raw state."""
     state = load_checkpoint(path)
-    cfg = config_from_dict(state["config"])
+    cfg = rundir.checkpoint_config(state, path)
+    check_fits(cfg, device, training=False)
     model = build_model(cfg)
     check_model_state(model, state["model"])
-    model.load_state_dict(state["model"])
+    try:
+        model.load_state_dict(state["model"])
+    except (RuntimeError, TypeError, ValueError) as e:
+        raise describe_load_failure(e, path) from None
     return model.to(device).eval(), cfg, state
 
 
@@ -113,19 +137,13 @@ def _check_split(split: str) -> None:
         raise UserError(f"unknown split '{split}'; use one of {', '.join(SPLITS)}")
 
 
-def _check_out(out: Path) -> None:
-    if out.suffix.lower() != ".png":
-        raise UserError(f"--out {out} must end in .png; pass a PNG path such as recon.png")
-    if not out.parent.is_dir():
-        raise UserError(f"the folder of --out {out} does not exist; create {out.parent} or pick another --out")
-
-
 def evaluate_checkpoint(
     path: Path, split: str, ratios: list[float] | float | None, device_name: str, seed: int = 0
 ) -> dict:
     """The eval report of a checkpoint: the model and the baselines at each mask ratio (default: the
     config's), on `split`, with masks drawn from `seed`."""
     _check_split(split)
+    check_seed(seed, "--seed")
     ratios = [ratios] if isinstance(ratios, (int, float)) else list(ratios or [])
     for r in ratios:
         check_ratio(r)
@@ -153,7 +171,8 @@ def reconstruct(path: Path, out: Path, n: int, ratio: float | None, split: str, 
         check_ratio(ratio)
     if n < 1:
         raise UserError(f"--n must be at least 1, got {n}")
-    _check_out(out)
+    check_seed(seed, "--seed")
+    check_out_file(out, inputs=(path,))
     device = resolve_device(device_name)
     model, cfg, _ = load_model(path, device)
     images = load_splits(cfg)[split][:n].to(device)
@@ -161,7 +180,8 @@ def reconstruct(path: Path, out: Path, n: int, ratio: float | None, split: str, 
     batch = next(eval_batches(images, cfg, ratio, seed, len(images)))
     with torch.inference_mode():
         pred = model(batch.patches, batch.mask).argmax(-1)  # (n, N)
-    save_grid(reconstruction_grid(images, batch.mask, pred, cfg.data.patch_size), out, scale=4)
+    grid = reconstruction_grid(images, batch.mask, pred, cfg.data.patch_size)
+    write_atomically(out, lambda f: save_grid(grid, f, scale=4), "--out")
     return out
 
 
@@ -180,7 +200,7 @@ def inpaint(
         raise UserError("nothing to fill; pass --box x0,y0,x1,y1 (repeatable) or --mask mask.png")
     if steps < 1:
         raise UserError(f"--steps must be at least 1, got {steps}")
-    _check_out(out)
+    check_out_file(out, inputs=(image, mask_path, path))
     device = resolve_device(device_name)
     model, cfg, _ = load_model(path, device)
     d = cfg.data
@@ -195,7 +215,7 @@ def inpaint(
     picture = picture.to(device)
     classes = fill(model, picture, mask, d.patch_size, steps if iterative else 1)  # (1, N)
     filled = fill_predictions(picture, mask, classes, d.patch_size)[0]  # (S, S)
-    save_binary_image(filled, out)
+    write_atomically(out, lambda f: save_binary_image(filled, f), "--out")
     return {"out": str(out), "filled_patches": int(mask.sum()), "patches": mask.numel(), "image_size": d.image_size}
 
 
@@ -203,10 +223,10 @@ def count_params(config: Path | None, checkpoint: Path | None, overrides: list[s
     if (config is None) == (checkpoint is None):
         raise UserError("count-params needs exactly one of --config PATH or --checkpoint PATH")
     if checkpoint is not None:
-        state = load_checkpoint(checkpoint)
-        cfg = config_from_dict(state["config"], overrides)
+        cfg = rundir.checkpoint_config(load_checkpoint(checkpoint), checkpoint, overrides)
     else:
         cfg = load_config(config, overrides)
+    check_model_fits(cfg)
     return build_model(cfg)
 
 
@@ -215,5 +235,8 @@ def preview(config: Path | None, overrides: list[str], out: Path, count: int, se
     from vitmask.preview import format_stats, write_preview
 
     cfg = resolve_config(config, overrides)
+    check_seed(seed, "--seed")
+    check_out_file(out, make_folder=True)
+    check_fits(cfg, torch.device("cpu"), training=False, what="loading the data of")
     stats = write_preview(load_splits(cfg), cfg, out, count, seed)
     return format_stats(stats, cfg)

@@ -13,6 +13,9 @@ import torch
 
 RECT, ELLIPSE, LINE, TRIANGLE = range(4)
 MAX_SHAPES = 3
+# pixels drawn per chunk: 2048 images up to 64 x 64, fewer above, so the (n, S, H, W) float
+# temporaries of a chunk stay near 2 GiB whatever the image size (vitmask.memory counts them)
+CHUNK_PIXELS = 2048 * 64 * 64
 
 
 def _segment_distance(px, py, ax, ay, bx, by):
@@ -79,6 +82,7 @@ def _draw_chunk(n: int, size: int, g: torch.Generator) -> torch.Tensor:
 
 def generate(n: int, size: int, generator: torch.Generator, chunk: int = 2048) -> torch.Tensor:
     """(n, size, size) uint8 binary images, deterministic for the generator's state."""
+    chunk = max(1, min(chunk, CHUNK_PIXELS // (size * size)))
     parts = [_draw_chunk(min(chunk, n - i), size, generator) for i in range(0, n, chunk)]
     return torch.cat(parts) if parts else torch.zeros(0, size, size, dtype=torch.uint8)
 

@@ -23,6 +23,7 @@ import torch
 
 from vitmask.config import DataConfig
 from vitmask.errors import UserError
+from vitmask.memory import check_images_fit
 from vitmask.preprocess import binarize_images, binarize_list, load_image_file, to_gray_uint8
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
@@ -75,6 +76,7 @@ def load_source_splits(cfg: DataConfig, seed: int) -> dict[str, torch.Tensor]:
     """The splits of a non-built-in source: read, binarize, split."""
     readers = {"torchvision": read_torchvision, "idx": read_idx, "folder": read_folder, "npz": read_npz}
     raw = readers[cfg.source](cfg)
+    check_images_fit(sum(len(v) for v in raw.values()), cfg.image_size)
     binary = {k: binarize_list(v, cfg) if isinstance(v, list) else binarize_images(v, cfg) for k, v in raw.items()}
     return make_splits(binary, cfg, seed)
 
@@ -196,9 +198,7 @@ def read_folder(cfg: DataConfig) -> dict[str, Raw]:
             raise UserError(f"{groups[k]} holds no readable images; put PNG, JPEG or BMP files in it")
         out[k] = images
     if len(bad) == total:
-        raise UserError(
-            f"none of the {total} image files under {root} could be read (first: {bad[0][0]}); check the files"
-        )
+        raise UserError(f"none of the {total} image files under {root} could be read (first: {bad[0][1]})")
     if bad:
         warn(f"skipped {len(bad)} of {total} image files under {root} that could not be read (first: {bad[0][0]})")
     return out

@@ -125,6 +125,7 @@ class Trainer:
         self._bad_step = torch.zeros((), dtype=torch.long, device=device)  # first non-finite step; 0 = none
         self._lr = t.lr
         self._signal: int | None = None
+        self.run_id: str | None = None  # the run's id, saved in every checkpoint (rundir.py)
         self._compiled = False  # whether a compiled step has run in this process
 
     def _grid_batch(self) -> Batch:
@@ -216,6 +217,7 @@ class Trainer:
             "best_val_loss": self.best_val_loss,
             "majority_class": self.majority_class,
             "config": self.cfg.to_dict(),
+            "run_id": self.run_id,
         }
 
     def load_state_dict(self, state: dict) -> None:

@@ -1,0 +1,200 @@
+"""How much memory a config needs, estimated before anything is allocated, and refusing early.
+
+An image size, width, depth or batch far beyond the machine would otherwise end minutes later in
+an allocation traceback (or the kernel's OOM killer). `check_fits` compares an estimate from the
+config alone with the memory free on the device and refuses with the figure and its biggest
+parts. The estimate counts, in bytes:
+
+- weights, gradients and the two Adam moments: 16 per parameter (`param_count`, from the config);
+- activations kept for the backward pass, per block: about 8 (B, N, D) tensors and 2 (B, N, F)
+  (3 with swiglu), plus the logits (B, M, C) three times; 4 bytes a value in fp32, 2 under
+  bf16/fp16 autocast;
+- attention scores (B, H, N, N), once per block, where the attention is written out (`explicit`,
+  or `auto` on CPU under bf16/fp16: see `model.Attention`); SDPA's fused kernels never hold them;
+- evaluation (256 images a batch, no gradients): one block's tensors at a time, scores included
+  where written out;
+- the images: every split as uint8 plus the patch-class map of train (int64 per patch) and one
+  copy while splitting, about 8 bytes a pixel; for `shapes`, also one generation chunk's float
+  temporaries (`shapes.CHUNK_PIXELS`).
+
+It is a rough figure (within 2x of the peak for the shipped configs), meant to catch configs that
+are off by orders of magnitude. A config that passes and still runs out of memory on the device
+ends in one line too (`out_of_memory`).
+
+Shapes: B batch, N patches, M masked patches per image, D hidden_dim, F ffn_dim, H heads, C classes.
+"""
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from vitmask.config import Config
+from vitmask.errors import UserError
+from vitmask.masking import num_masked
+from vitmask.shapes import CHUNK_PIXELS, MAX_SHAPES
+
+EVAL_BATCH = 256  # evaluate()'s batch size
+GiB = 2**30
+
+
+def param_count(cfg: Config) -> int:
+    """Trainable parameters of `build_model(cfg)`, computed from the config (nothing is built)."""
+    m, d = cfg.model, cfg.data
+    dim, ffn, n = m.hidden_dim, m.ffn_dim, d.num_patches
+    kv = m.kv_heads * m.head_dim
+    norm = {"layernorm": 2 * dim, "rmsnorm": dim, "none": 0}[m.norm]
+    attn = dim * (dim + 2 * kv) + (dim + 2 * kv if m.qkv_bias else 0) + (dim * dim + dim if m.out_proj else 0)
+    if m.activation == "swiglu":
+        mlp = dim * 2 * ffn + ffn * dim  # W_1 and W_3 stacked, W_2; no biases
+    else:
+        mlp = dim * ffn + ffn + ffn * dim + dim
+    block = 2 * norm + attn + mlp
+    total = d.patch_dim * dim + dim + m.depth * block + dim * d.num_classes + d.num_classes
+    total += n * dim if m.pos == "learned" else 0
+    total += dim if cfg.mask.fill == "learned" else 0
+    total += norm if m.norm_position == "pre" else 0
+    return total
+
+
+def writes_out_attention(cfg: Config, device_type: str) -> bool:
+    """Whether the attention scores (B, H, N, N) are materialised (model.Attention's rule)."""
+    mode = cfg.model.attention
+    return mode == "explicit" or (mode == "auto" and device_type == "cpu" and cfg.train.precision != "fp32")
+
+
+@dataclass
+class Estimate:
+    parts: dict[str, int]  # what -> bytes
+
+    @property
+    def total(self) -> int:
+        return sum(self.parts.values())
+
+    def describe(self, top: int = 2) -> str:
+        big = sorted(self.parts.items(), key=lambda kv: -kv[1])[:top]
+        return ", ".join(f"{name} {gib(b)}" for name, b in big if b)
+
+
+def gib(n: float) -> str:
+    return f"{n / GiB:,.1f} GiB"
+
+
+def estimate(cfg: Config, device_type: str = "cpu", training: bool = True) -> Estimate:
+    """The memory `cfg` needs to train (or, with training=False, to evaluate) on a device type."""
+    m, d = cfg.model, cfg.data
+    n, dim, ffn, c = d.num_patches, m.hidden_dim, m.ffn_dim, d.num_classes
+    masked = num_masked(n, cfg.mask.ratio)
+    value = 4 if cfg.train.precision == "fp32" else 2
+    params = param_count(cfg)
+    scores = writes_out_attention(cfg, device_type)
+    b = d.batch_size
+    ffn_tensors = 3 if m.activation == "swiglu" else 2
+    per_block = b * n * (8 * dim + ffn_tensors * ffn) * value
+    parts = {
+        "weights, gradients and Adam state": (16 if training else 4) * params,
+        "activations": m.depth * per_block + 3 * b * masked * c * 4 if training else 0,
+        f"attention scores (B, H, N, N) = {b} x {m.num_heads} x {n} x {n}": (
+            m.depth * b * m.num_heads * n * n * value if training and scores else 0
+        ),
+        f"evaluation (batch {EVAL_BATCH})": EVAL_BATCH
+        * n
+        * (4 * dim + ffn_tensors * ffn + scores * m.num_heads * n)
+        * 4,
+    }
+    images = d.num_train + d.num_val + d.num_test if d.source == "shapes" else 0
+    pixels = d.image_size * d.image_size
+    data = images * pixels * 8
+    if d.source == "shapes":
+        chunk = max(1, min(2048, CHUNK_PIXELS // pixels, images))
+        data += chunk * MAX_SHAPES * pixels * 64  # a chunk's (n, S, H, W) float temporaries
+    parts["images"] = data
+    return Estimate(parts)
+
+
+def available_bytes(device: torch.device) -> int | None:
+    """Memory free for this process on `device`: CUDA's free memory; on CPU the smaller of the
+    kernel's MemAvailable and the cgroup's limit minus its use. None where it cannot be told."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free)
+    found = []
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    found.append(int(line.split()[1]) * 1024)
+    except (OSError, ValueError, IndexError):
+        pass
+    for limit, usage in (
+        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+        ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"),
+    ):
+        try:
+            with open(limit) as f, open(usage) as g:
+                cap = f.read().strip()
+                if cap.isdigit() and int(cap) < 2**60:
+                    found.append(int(cap) - int(g.read().strip()))
+        except (OSError, ValueError):
+            pass
+    if not found and hasattr(os, "sysconf"):
+        try:
+            found.append(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+        except (OSError, ValueError):
+            pass
+    return max(min(found), 0) if found else None
+
+
+def check_fits(cfg: Config, device: torch.device, training: bool = True, what: str = "") -> Estimate:
+    """Refuse (one line, with the figure) a config whose estimate exceeds the free memory."""
+    est = estimate(cfg, device.type, training)
+    free = available_bytes(device)
+    if free is not None and est.total > free:
+        doing = what or ("training" if training else "evaluating")
+        raise UserError(
+            f"{doing} this config needs about {gib(est.total)} of memory ({est.describe()}), but only "
+            f"{gib(free)} is free on {device.type}; lower data.batch_size, data.image_size, model.hidden_dim, "
+            "model.ffn_dim or model.depth"
+        )
+    return est
+
+
+def check_model_fits(cfg: Config, device: torch.device | None = None) -> int:
+    """Refuse a model whose weights alone exceed the free memory (count-params); returns the count."""
+    params = param_count(cfg)
+    free = available_bytes(device or torch.device("cpu"))
+    if free is not None and 4 * params > free:
+        raise UserError(
+            f"a model of {params:,} parameters needs {gib(4 * params)} for its weights alone, but only {gib(free)} "
+            "is free; lower model.hidden_dim, model.ffn_dim or model.depth"
+        )
+    return params
+
+
+def check_images_fit(count: int, image_size: int) -> None:
+    """Refuse to binarize `count` images to image_size x image_size when that cannot fit (about 8
+    bytes a pixel: the fitted uint8 copy, a float compare, the splits); for sources whose image
+    count is known only once read."""
+    need = count * image_size * image_size * 8
+    free = available_bytes(torch.device("cpu"))
+    if free is not None and need > free:
+        raise UserError(
+            f"{count:,} images of {image_size}x{image_size} need about {gib(need)} of memory, but only {gib(free)} "
+            "is free; lower data.image_size"
+        )
+
+
+def is_out_of_memory(e: BaseException) -> bool:
+    """Whether `e` is an allocation failure: CUDA's OutOfMemoryError, or the CPU allocator's."""
+    if isinstance(e, (torch.OutOfMemoryError, MemoryError)):
+        return True
+    text = str(e)
+    return isinstance(e, RuntimeError) and ("can't allocate memory" in text or "out of memory" in text.lower())
+
+
+def out_of_memory(e: BaseException, device: torch.device, doing: str) -> UserError:
+    """The one-line UserError for an allocation failure met while `doing` something."""
+    return UserError(
+        f"out of memory on {device.type} while {doing}; lower data.batch_size, data.image_size, model.hidden_dim "
+        "or model.depth (vitmask's estimate passed, so the machine is close to its limit)"
+    )
