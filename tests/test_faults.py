@@ -378,6 +378,9 @@ def test_weights_gone_non_finite_after_a_finite_loss_stop_the_run_before_the_wri
         (lambda s: s.update(rng=[1, 2]), "'rng' is list, not a dict"),
         (lambda s: s.update(sampler={"generator": "x"}), "is damaged or from another version"),
         (lambda s: s["optimizer"].update(param_groups=[]), "optimizer state does not fit this run"),
+        (lambda s: s["optimizer"]["state"][0].update(exp_avg=torch.zeros(3)), r"optimizer exp_avg of shape \(3,\)"),
+        (lambda s: s.update(scheduler={"last_epoch": "x"}), "'scheduler' entry is not a schedule"),
+        (lambda s: s.update(best_val_loss=float("nan")), "best_val_loss is NaN"),
     ],
 )
 def test_a_damaged_checkpoint_is_refused_on_resume_in_one_line(trained, tmp_path, damage, needle):
@@ -439,6 +442,7 @@ def test_a_damaged_checkpoint_is_refused_by_eval_and_count_params(trained, tmp_p
         ("seed", str(2**70), "seed must be an integer in"),
         ("name", "../elsewhere", "name must be a plain folder name"),
         ("model.depth", "0", "model.depth must be >= 1"),
+        ("model.depth", "5000", "model.depth must be <= 1024"),
     ],
 )
 def test_numbers_must_be_finite_and_in_range(key, value, needle):
@@ -447,9 +451,16 @@ def test_numbers_must_be_finite_and_in_range(key, value, needle):
     assert needle in str(err.value)
 
 
-def test_cli_seeds_out_of_range_are_one_line(trained, tmp_path, capsys):
+def test_cli_numbers_out_of_range_are_one_line(trained, tmp_path, capsys):
     line = user_error(capsys, "eval", "--checkpoint", trained / "last.pt", "--seed", str(2**70))
     assert "--seed must be an integer in" in line
+    line = user_error(
+        capsys, "reconstruct", "--checkpoint", trained / "last.pt", "--out", tmp_path / "r.png", "--n", 10**6
+    )
+    assert "--n must be in [1, 256]" in line
+    cfg = write_config(tmp_path / "c.yaml")
+    assert "--count must be in [1, 256]" in user_error(capsys, "preview", "--config", cfg, "--count", 0)
+    assert not list(tmp_path.glob("*.png"))
 
 
 # ---- memory ---------------------------------------------------------------------------------------------

@@ -138,6 +138,8 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     path = Path(path)
     if path.is_dir():
         raise UserError(f"checkpoint {path} is a folder; pass a .pt file in it, such as {path / 'last.pt'}")
+    if path.exists() and not path.is_file():
+        raise UserError(f"checkpoint {path} is not a regular file; pass the last.pt (or another .pt) of a run dir")
     if not path.is_file():
         raise UserError(f"checkpoint not found: {path}; pass the last.pt (or another .pt) of a vitmask run dir")
     try:
@@ -199,6 +201,19 @@ def check_resumable(state: dict[str, Any], path: str | Path) -> None:
             )
     if state["step"] < 0:
         raise UserError(f"checkpoint {path} is damaged: its step is {state['step']}; {OTHER_CHECKPOINT}")
+    if state["best_val_loss"] != state["best_val_loss"]:  # NaN: no later loss would ever count as better
+        raise UserError(f"checkpoint {path} is damaged: its best_val_loss is NaN; {OTHER_CHECKPOINT}")
+    sched = state.get("scheduler", {})
+    lrs = sched.get("base_lrs", []) if isinstance(sched, dict) else None
+    if (
+        not isinstance(sched, dict)
+        or not isinstance(sched.get("last_epoch", 0), int)
+        or not isinstance(lrs, list)
+        or not all(isinstance(v, (int, float)) for v in lrs)
+    ):
+        raise UserError(f"checkpoint {path} is damaged: its 'scheduler' entry is not a schedule; {OTHER_CHECKPOINT}")
+    if not isinstance(state.get("scaler", {}), dict):
+        raise UserError(f"checkpoint {path} is damaged: its 'scaler' entry is not a dict; {OTHER_CHECKPOINT}")
 
 
 def describe_load_failure(e: BaseException, path: str | Path) -> UserError:

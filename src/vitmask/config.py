@@ -53,6 +53,8 @@ def check_seed(seed: int, key: str) -> None:
         raise UserError(f"{key} must be an integer in [{lo}, {hi}], got {seed}")
 
 
+MAX_DEPTH = 1024  # blocks: far beyond any model this trainer is for, and quick to build and count
+
 SOURCES = ("shapes", "torchvision", "idx", "folder", "npz")
 TORCHVISION_NAMES = ("MNIST", "FashionMNIST", "KMNIST", "EMNIST", "QMNIST", "Omniglot")
 EMNIST_SPLITS = ("byclass", "bymerge", "balanced", "letters", "digits", "mnist")
@@ -167,7 +169,7 @@ class MaskConfig:
 class ModelConfig:
     hidden_dim: int = 128  # width of every token vector (D)
     num_heads: int = 4  # attention heads; head_dim = hidden_dim / num_heads
-    depth: int = 4  # transformer blocks
+    depth: int = 4  # transformer blocks; at most MAX_DEPTH
     ffn_dim: int = 512  # hidden width of the feed-forward network
     activation: str = "gelu"  # relu | gelu | swiglu (silu(x W_1) * x W_3, then W_2; no biases, as Llama)
     norm: str = "layernorm"  # none | layernorm | rmsnorm
@@ -193,6 +195,7 @@ class ModelConfig:
         _finite(self, "model.")
         for k in ("hidden_dim", "num_heads", "depth", "ffn_dim"):
             _check(getattr(self, k) >= 1, f"model.{k}", "must be >= 1")
+        _check(self.depth <= MAX_DEPTH, "model.depth", f"must be <= {MAX_DEPTH}, got {self.depth}")
         _check(
             self.hidden_dim % self.num_heads == 0,
             "model.hidden_dim",
@@ -398,6 +401,8 @@ def config_from_dict(raw: dict[str, Any], overrides: typing.Sequence[str] = ()) 
 def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> Config:
     """Read a YAML config (safe_load); its name defaults to the file's stem."""
     path = Path(path)
+    if path.exists() and not path.is_file():
+        raise UserError(f"config {path} is not a file; pass a YAML file, e.g. configs/default.yaml")
     if not path.is_file():
         raise UserError(f"config file not found: {path}; pass an existing YAML file, e.g. configs/default.yaml")
     try:

@@ -35,6 +35,8 @@ def read_gray(path: str | Path) -> np.ndarray:
     from PIL import Image, ImageOps
 
     path = Path(path)
+    if path.exists() and not path.is_file():
+        raise UserError(f"{path} is not a file; pass a PNG, JPEG or BMP file")
     if not path.is_file():
         raise UserError(f"image not found: {path}; pass an existing PNG, JPEG or BMP file")
     try:

@@ -77,7 +77,8 @@ class Estimate:
 
 
 def gib(n: float) -> str:
-    return f"{n / GiB:,.1f} GiB"
+    g = n / GiB
+    return f"{g:,.1f} GiB" if g < 1e6 else f"{g:.1e} GiB"
 
 
 def estimate(cfg: Config, device_type: str = "cpu", training: bool = True) -> Estimate:

@@ -30,7 +30,7 @@ REASONS = {
     errno.EPERM: "operation not permitted",
     errno.EISDIR: "it is a folder",
     errno.ENOTDIR: "a part of the path is a file, not a folder",
-    errno.ENOENT: "its folder does not exist",
+    errno.ENOENT: "no such file or folder",
     errno.ENAMETOOLONG: "the file name is too long",
     errno.EIO: "an input/output error from the device",
 }

@@ -68,7 +68,9 @@ RESUMABLE = (
 
 
 def warn(msg: str) -> None:
-    print(f"vitmask: warning: {msg}", file=sys.stderr)
+    """One line on stderr that does not stop the run (from rank 0 only, under torchrun)."""
+    if os.environ.get("RANK", "0") == "0":
+        print(f"vitmask: warning: {msg}", file=sys.stderr)
 
 
 @dataclass

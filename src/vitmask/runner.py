@@ -26,6 +26,8 @@ from vitmask.render import fill_predictions, reconstruction_grid, save_binary_im
 from vitmask.runtime import resolve_device
 from vitmask.train import Trainer, check_model_state
 
+MAX_GRID_IMAGES = 256  # images in one reconstruct or preview PNG: beyond, the grid alone takes gigabytes
+
 
 def resolve_config(config: Path | None, overrides: list[str], state: dict | None = None) -> Config:
     if config is not None:
@@ -104,6 +106,14 @@ def _restore(trainer: Trainer, plan: rundir.Resolved) -> None:
         raise
     except (KeyError, TypeError, ValueError, RuntimeError, IndexError, AttributeError) as e:
         raise describe_load_failure(e, plan.source) from None
+    for group in trainer.optimizer.param_groups:  # torch checks the counts, not the shapes, of the moments
+        for p in group["params"]:
+            for k, v in trainer.optimizer.state.get(p, {}).items():
+                if torch.is_tensor(v) and v.dim() > 0 and v.shape != p.shape:
+                    raise describe_load_failure(
+                        ValueError(f"optimizer {k} of shape {tuple(v.shape)} for a parameter of {tuple(p.shape)}"),
+                        plan.source,
+                    )
     if not trainer.world.main:
         return
     changed = f" (changed: {'; '.join(plan.changes)})" if plan.changes else ""
@@ -169,8 +179,8 @@ def reconstruct(path: Path, out: Path, n: int, ratio: float | None, split: str, 
     _check_split(split)
     if ratio is not None:
         check_ratio(ratio)
-    if n < 1:
-        raise UserError(f"--n must be at least 1, got {n}")
+    if not 1 <= n <= MAX_GRID_IMAGES:
+        raise UserError(f"--n must be in [1, {MAX_GRID_IMAGES}] (images in one PNG grid), got {n}")
     check_seed(seed, "--seed")
     check_out_file(out, inputs=(path,))
     device = resolve_device(device_name)
@@ -235,6 +245,8 @@ def preview(config: Path | None, overrides: list[str], out: Path, count: int, se
     from vitmask.preview import format_stats, write_preview
 
     cfg = resolve_config(config, overrides)
+    if not 1 <= count <= MAX_GRID_IMAGES:
+        raise UserError(f"--count must be in [1, {MAX_GRID_IMAGES}] (images in one PNG grid), got {count}")
     check_seed(seed, "--seed")
     check_out_file(out, make_folder=True)
     check_fits(cfg, torch.device("cpu"), training=False, what="loading the data of")

@@ -200,7 +200,7 @@ def read_folder(cfg: DataConfig) -> dict[str, Raw]:
     if len(bad) == total:
         raise UserError(f"none of the {total} image files under {root} could be read (first: {bad[0][1]})")
     if bad:
-        warn(f"skipped {len(bad)} of {total} image files under {root} that could not be read (first: {bad[0][0]})")
+        warn(f"skipped {len(bad)} of {total} image files under {root} that could not be read (first: {bad[0][1]})")
     return out
 
 
