@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +24,7 @@ import yaml
 from PIL import Image
 
 from tests.conftest import ROOT, TINY, write_config
-from vitmask import cli, memory, outputs, rundir, runner
+from vitmask import cli, memory, outputs, rundir, runner, sources
 from vitmask.checkpoint import load_checkpoint, save_checkpoint
 from vitmask.config import config_from_dict, load_config
 from vitmask.errors import Stopped, UserError
@@ -511,6 +512,7 @@ def test_every_image_mode_binarizes_by_its_own_meaning_or_is_refused():
     assert gray_of("RGB", [(255, 0, 0), (0, 255, 0), (0, 0, 255), (255, 255, 255)]) == [76, 150, 29, 255]
     assert gray_of("RGBA", [(255, 0, 0, 255), (255, 255, 255, 255)]) == [76, 255]  # opaque: alpha dropped
     assert gray_of("LA", [(10, 255), (200, 255)]) == [10, 200]
+    assert gray_of("RGB", [(255, 255, 255)], transparency=(0, 0, 0)) == [255]  # a transparent colour nobody uses
     assert gray_of("CMYK", [(0, 0, 0, 0), (0, 0, 0, 255), (255, 255, 255, 0)]) == [255, 0, 0]
     assert gray_of("YCbCr", [(0, 128, 128), (255, 128, 128)]) == [0, 255]
     assert gray_of("I;16", [0, 257 * 128, 65535]) == [0, 128, 255]  # Pillow's own L would clip these to 0, 255, 255
@@ -526,7 +528,9 @@ def test_every_image_mode_binarizes_by_its_own_meaning_or_is_refused():
     for mode, pixels, info, needle in [
         ("RGBA", [(255, 255, 255, 0), (0, 0, 0, 255)], {}, "has transparent pixels (mode RGBA)"),
         ("LA", [(255, 128)], {}, "has transparent pixels (mode LA)"),
-        ("P", [0, 1], {"transparency": 0}, "has transparent pixels (mode RGBA)"),
+        ("P", [0, 1], {"transparency": 0}, "has transparent pixels (mode P with a transparent colour)"),
+        ("L", [0, 255], {"transparency": 255}, "has transparent pixels (mode L with a transparent colour)"),
+        ("RGB", [(1, 2, 3), (9, 9, 9)], {"transparency": (9, 9, 9)}, "(mode RGB with a transparent colour)"),
         ("I", [-5, 70000], {}, "holds 32-bit values in [-5, 70000]"),
         ("F", [0.0, 2.0], {}, "floating-point values outside [0, 1]"),
         ("F", [float("nan")], {}, "floating-point values outside [0, 1]"),
@@ -569,6 +573,17 @@ def test_a_decompression_bomb_in_a_folder_is_skipped_as_a_bad_file(tmp_path, mon
     assert "skipped 1 of 21 image files" in warning and "bomb.png" in warning
 
 
+def test_a_folder_of_images_too_big_for_memory_is_refused_while_reading(tmp_path, monkeypatch):
+    folder = tmp_path / "images"
+    folder.mkdir()
+    for i in range(10):
+        Image.new("L", (100, 100), 255).save(folder / f"{i}.png")
+    monkeypatch.setattr(sources, "available_bytes", lambda device: 2 * 30_000)  # half of it: 3 of the 10
+    cfg = config_from_dict(TINY, ["data.source=folder", f"data.path={folder}"])
+    with pytest.raises(UserError, match="take more than 0.0 GiB at full size, over half the free memory"):
+        sources.read_folder(cfg.data)
+
+
 def test_inpaint_refuses_a_bomb_and_writing_over_its_input(trained, tmp_path, capsys, monkeypatch):
     image = tmp_path / "me.png"
     Image.new("L", (16, 16), 0).save(image)
@@ -600,6 +615,14 @@ def test_data_files_not_quite_as_expected_are_one_line(tmp_path):
         np.savez(tmp_path / name, images=array)
         with pytest.raises(UserError, match=needle.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
             load(source="npz", path=tmp_path / name)
+    huge = tmp_path / "huge.npz"  # a header promising 10^13 pixels: refused before any of them is read
+    with zipfile.ZipFile(huge, "w") as z, z.open("images.npy", "w") as f:
+        np.lib.format.write_array_header_1_0(
+            f, {"descr": "|u1", "fortran_order": False, "shape": (10**7, 10**3, 10**3)}
+        )
+    need = f"{10**13 * (1 + 8) / 2**30:,.1f} GiB"  # a byte a pixel, and 8 more for the conversion
+    with pytest.raises(UserError, match=rf"array 'images' of .*\(10000000, 1000, 1000\) uint8, need about {need}"):
+        load(source="npz", path=huge)
     np.savez(tmp_path / "objects.npz", images=np.array([{"a": 1}] * 3, dtype=object))
     with pytest.raises(UserError, match="is not a readable .npz archive"):
         load(source="npz", path=tmp_path / "objects.npz")
@@ -687,6 +710,26 @@ def test_a_signal_at_start_up_or_during_data_loading_is_one_line_and_leaves_noth
     assert proc.returncode == code, err
     assert f"stopped by {signal.Signals(sig).name}" in one_line(err)
     assert not run.exists()
+
+
+def test_paths_the_file_system_refuses_are_one_line(trained, tmp_path, capsys):
+    long = "x" * 300  # longer than any file name may be
+    assert long in user_error(capsys, "eval", "--checkpoint", f"{long}.pt")
+    assert long in user_error(capsys, "reconstruct", "--checkpoint", trained / "last.pt", "--out", f"{long}.png")
+    assert long in user_error(capsys, "train", "--config", write_config(tmp_path / "c.yaml"), "--run-dir", long)
+    line = user_error(
+        capsys,
+        "train",
+        "--config",
+        tmp_path / "c.yaml",
+        "--run-dir",
+        tmp_path / "r",
+        "--set",
+        "data.source=npz",
+        "--set",
+        f"data.path={long}",
+    )
+    assert "cannot read the npz data under data.path" in line and not (tmp_path / "r").exists()
 
 
 def test_vitmask_without_a_command_names_the_commands(capsys):

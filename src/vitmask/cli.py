@@ -4,7 +4,9 @@ Bad input (a `UserError`, or a usage error from the parser, or no command at all
 line on stderr and exit code 2. Training stopped by SIGINT or SIGTERM says where its checkpoint is
 and exits 130 or 143; a signal at any other moment (start-up, data loading, evaluation) ends in one
 line and the same codes, after the clean-up of `finally` blocks (`errors.Stopped`). A closed
-stdout (`vitmask eval | head -1`) ends quietly. Anything else is a bug and keeps its traceback.
+stdout (`vitmask eval | head -1`) ends quietly; a path the file system refuses in a way no check
+foresaw (too long, a symlink loop, an I/O error) ends in one line naming it. Anything else is a
+bug and keeps its traceback.
 """
 
 import contextlib
@@ -25,6 +27,7 @@ except ImportError:  # pragma: no cover - depends on the installed typer
 from vitmask import runner
 from vitmask.config import dump_config
 from vitmask.errors import Stopped, UserError
+from vitmask.outputs import reason
 from vitmask.train import Interrupted
 
 app = typer.Typer(
@@ -205,4 +208,8 @@ def main(argv: list[str] | None = None) -> None:
         with contextlib.suppress(OSError):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(128 + signal.SIGPIPE)
+    except OSError as e:  # the file system refused a path no check above foresaw (too long, a loop, I/O error)
+        what = f"{e.filename}: " if e.filename else ""
+        print(f"vitmask: error: {what}{reason(e)}; check the path and the file system", file=sys.stderr)
+        sys.exit(2)
     sys.exit(rv if isinstance(rv, int) else 0)

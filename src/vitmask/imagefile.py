@@ -11,8 +11,8 @@ gray level 0..255 that means what the file means:
   outside 0..65535 are refused;
 - F (32-bit floats): v * 255 for v in [0, 1], as vitmask reads float arrays; values outside
   [0, 1], NaN or inf are refused;
-- LA, La, PA, RGBA, RGBa, and P with transparency: as without alpha when every pixel is opaque;
-  transparent pixels are refused (their gray level is undefined).
+- LA, La, PA, RGBA, RGBa, and any mode with a transparent colour (PNG tRNS): as without alpha
+  when every pixel is opaque; transparent pixels are refused (their gray level is undefined).
 
 The EXIF orientation is applied, so a photo reads the way viewers show it. Only the first frame
 of an animation is read. Images over Pillow's decompression-bomb limit (`Image.MAX_IMAGE_PIXELS`)
@@ -64,8 +64,16 @@ def read_gray(path: str | Path) -> np.ndarray:
 def gray_levels(im, path: Path) -> np.ndarray:
     """A loaded Pillow image of any mode -> (H, W) uint8, by the table in the module docstring."""
     mode = im.mode
-    if mode == "P" and "transparency" in im.info:
-        im, mode = im.convert("RGBA"), "RGBA"
+    if "transparency" in im.info and mode not in ALPHA:  # a transparent colour (P, L, RGB, ... with tRNS)
+        try:
+            keyed = im.convert("RGBA")
+        except ValueError:
+            keyed = None
+        if keyed is not None and np.asarray(keyed.getchannel("A")).min() < 255:
+            raise UserError(
+                f"{path} has transparent pixels (mode {mode} with a transparent colour), which have no gray level; "
+                "flatten it onto a background (e.g. white) and save it again"
+            )
     if mode in ALPHA:
         if mode in ("PA", "La"):
             im, mode = im.convert("RGBA"), "RGBA"

@@ -172,17 +172,19 @@ def check_model_fits(cfg: Config, device: torch.device | None = None) -> int:
     return params
 
 
+def check_bytes(need: int, what: str, fix: str) -> None:
+    """Refuse (one line) to hold `need` bytes in CPU memory when they are not free."""
+    free = available_bytes(torch.device("cpu"))
+    if free is not None and need > free:
+        raise UserError(f"{what} need about {gib(need)} of memory, but only {gib(free)} is free; {fix}")
+
+
 def check_images_fit(count: int, image_size: int) -> None:
     """Refuse to binarize `count` images to image_size x image_size when that cannot fit (about 8
     bytes a pixel: the fitted uint8 copy, a float compare, the splits); for sources whose image
     count is known only once read."""
     need = count * image_size * image_size * 8
-    free = available_bytes(torch.device("cpu"))
-    if free is not None and need > free:
-        raise UserError(
-            f"{count:,} images of {image_size}x{image_size} need about {gib(need)} of memory, but only {gib(free)} "
-            "is free; lower data.image_size"
-        )
+    check_bytes(need, f"{count:,} images of {image_size}x{image_size}", "lower data.image_size")
 
 
 def is_out_of_memory(e: BaseException) -> bool:

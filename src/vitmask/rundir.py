@@ -37,6 +37,7 @@ Owning the dir (`RunDir`, a context manager; under torchrun only rank 0 enters i
 import contextlib
 import dataclasses
 import os
+import signal
 import sys
 import threading
 import uuid
@@ -367,13 +368,14 @@ class RunDir:
 
     # -- leaving ----------------------------------------------------------------------------
     def __exit__(self, kind, exc, tb) -> None:
-        try:
-            if exc is not None and self.fresh and not has_checkpoints(self.path):
-                self._remove_own_files()
-        finally:
-            self._release()
-            if exc is not None and self.fresh:
-                self._remove_made()
+        with _signals_held():  # a second Ctrl-C must not cut the clean-up short; it is delivered after
+            try:
+                if exc is not None and self.fresh and not has_checkpoints(self.path):
+                    self._remove_own_files()
+            finally:
+                self._release()
+                if exc is not None and self.fresh:
+                    self._remove_made()
 
     def _remove_own_files(self) -> None:
         """A fresh run that wrote no checkpoint: remove what it wrote, so the dir does not block a retry."""
@@ -395,6 +397,19 @@ class RunDir:
         for d in reversed(self._made):  # innermost first; only if empty
             with contextlib.suppress(OSError):
                 d.rmdir()
+
+
+@contextlib.contextmanager
+def _signals_held():
+    """Hold SIGINT and SIGTERM back (in the main thread, where Python runs handlers) until the block ends."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def _read_pid(fd: int) -> str:

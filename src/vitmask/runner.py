@@ -20,7 +20,7 @@ from vitmask.inpaint import boxes_to_mask, check_patch_mask, fill, mask_image_to
 from vitmask.memory import check_fits, check_model_fits, is_out_of_memory, out_of_memory
 from vitmask.metrics_log import TensorBoardLogger
 from vitmask.model import MaskedPatchViT, build_model
-from vitmask.outputs import check_out_file, write_atomically, write_text
+from vitmask.outputs import check_out_file, reason, write_atomically, write_text
 from vitmask.preprocess import binarize_images, load_image_file
 from vitmask.render import fill_predictions, reconstruction_grid, save_binary_image, save_grid
 from vitmask.runtime import resolve_device
@@ -67,9 +67,9 @@ def _run(plan: rundir.Resolved, device: torch.device, world: distributed.World) 
     """Load the data, build (and restore) the trainer, write config.yaml, train; failed writes
     (a full disk) and allocations end in one line."""
     cfg, run_dir = plan.cfg, plan.run_dir
+    splits = load_data(cfg, device)
     trainer = None
     try:
-        splits = load_splits(cfg)
         trainer = Trainer(cfg, splits, device, logger=TensorBoardLogger(run_dir) if world.main else None, world=world)
         trainer.run_id = plan.run_id
         if plan.state is not None:
@@ -95,6 +95,19 @@ def _run(plan: rundir.Resolved, device: torch.device, world: distributed.World) 
         if trainer is not None:
             with contextlib.suppress(Exception):
                 trainer.close()
+        raise
+
+
+def load_data(cfg: Config, device: torch.device) -> dict[str, torch.Tensor]:
+    """`load_splits`, with a file-system error or an allocation failure as one line."""
+    try:
+        return load_splits(cfg)
+    except OSError as e:
+        where = f" under data.path {cfg.data.path}" if cfg.data.source != "shapes" else ""
+        raise UserError(f"cannot read the {cfg.data.source} data{where} ({reason(e)}); check data.path") from None
+    except Exception as e:
+        if is_out_of_memory(e):
+            raise out_of_memory(e, device, "loading the data") from None
         raise
 
 

@@ -14,6 +14,7 @@ The same seed gives the same split. The result is the `load_splits` contract: {"
 
 import difflib
 import gzip
+import math
 import shutil
 import sys
 import tempfile
@@ -23,7 +24,7 @@ import torch
 
 from vitmask.config import DataConfig
 from vitmask.errors import UserError
-from vitmask.memory import check_images_fit
+from vitmask.memory import available_bytes, check_bytes, check_images_fit
 from vitmask.preprocess import binarize_images, binarize_list, load_image_file, to_gray_uint8
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
@@ -183,17 +184,27 @@ def read_folder(cfg: DataConfig) -> dict[str, Raw]:
         raise UserError(f"no PNG, JPEG or BMP files under {root}; point data.path at a folder of images")
     bad: list[tuple[Path, str]] = []
     out: dict[str, Raw] = {}
+    free = available_bytes(torch.device("cpu"))
+    budget, held = (free // 2 if free is not None else None), 0  # full-size images, before fitting
     for k, paths in files.items():
         images = []
         for p in paths:
             try:
-                images.append(load_image_file(p))
+                image = load_image_file(p)
             except UserError as e:
                 if cfg.bad_files == "fail":
                     raise UserError(
                         f"{e} (data.bad_files is fail: remove the file, or set data.bad_files=skip)"
                     ) from None
                 bad.append((p, str(e)))
+                continue
+            held += image.numel()
+            if budget is not None and held > budget:
+                raise UserError(
+                    f"the images under {root} take more than {held / 2**30:.1f} GiB at full size, over half the free "
+                    "memory; shrink them first, or use fewer"
+                )
+            images.append(image)
         if not images and total > len(bad):
             raise UserError(f"{groups[k]} holds no readable images; put PNG, JPEG or BMP files in it")
         out[k] = images
@@ -223,8 +234,14 @@ def read_npz(cfg: DataConfig) -> dict[str, Raw]:
                     f"{path} has no array '{cfg.npz_key}' (it holds: {', '.join(archive.files) or 'nothing'}); "
                     f"{hint}set data.npz_key to the key of the image array"
                 )
+            with archive.zip.open(f"{cfg.npz_key}.npy") as member:  # the header first: shape and dtype
+                fmt = np.lib.format
+                header = fmt.read_array_header_1_0 if fmt.read_magic(member) == (1, 0) else fmt.read_array_header_2_0
+                shape, _, dtype = header(member)
+            what = f"array '{cfg.npz_key}' of {path}, {shape} {dtype},"
+            check_bytes(math.prod(shape) * (dtype.itemsize + 8), what, "store fewer or smaller images")
             array = archive[cfg.npz_key]
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as e:
         raise UserError(
             f"{path} is not a readable .npz archive ({e.__class__.__name__}); save the images with numpy.savez"
         ) from None
