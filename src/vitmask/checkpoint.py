@@ -153,6 +153,12 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         raise UserError(
             f"cannot read checkpoint {path} ({reason[:120]}); pass a .pt file written by vitmask train"
         ) from None
+    found = state.get("format") if isinstance(state, dict) else None
+    if isinstance(found, str) and found.startswith("vitmask-checkpoint/") and found != FORMAT:
+        raise UserError(
+            f"checkpoint {path} was written by another version of vitmask (format {found}; this one reads {FORMAT}); "
+            "use that version, or a checkpoint of this one"
+        )
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise UserError(
             f"{path} is not a vitmask checkpoint (no '{FORMAT}' marker); pass a .pt written by vitmask train"

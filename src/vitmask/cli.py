@@ -24,7 +24,7 @@ try:  # typer < 0.20 depends on click; newer releases vendor it
 except ImportError:  # pragma: no cover - depends on the installed typer
     from typer._click.exceptions import UsageError
 
-from vitmask import runner
+from vitmask import entry, runner
 from vitmask.config import dump_config
 from vitmask.errors import Stopped, UserError
 from vitmask.outputs import reason
@@ -174,8 +174,21 @@ def _signals_raise_stopped():
     try:
         yield
     finally:
-        for s, h in old.items():
-            signal.signal(s, h)
+        for s, h in old.items():  # in the `vitmask` process the command is over: ignore (see entry.py)
+            signal.signal(s, signal.SIG_IGN if h is entry.early_stop else h)
+
+
+def _flush_stdout() -> None:
+    """Flush what the command printed now, so a full disk or closed pipe behind stdout is one line
+    here rather than a message from the interpreter's shut-down."""
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise UserError(f"cannot write the output to stdout: {reason(e)}") from None
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -189,6 +202,7 @@ def main(argv: list[str] | None = None) -> None:
                 names = ", ".join(c.name or c.callback.__name__ for c in app.registered_commands)
                 raise UsageError(f"no command given; use one of {names}")
             rv = app(args=args, prog_name="vitmask", standalone_mode=False)
+            _flush_stdout()
     except UsageError as e:
         cmd = e.ctx.command_path if e.ctx is not None else "vitmask"
         message = e.format_message().strip() or "bad usage"
