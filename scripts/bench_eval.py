@@ -51,7 +51,7 @@ def main() -> None:
     def train_forward():
         model.train()
         logits = model(batch.patches, batch.mask, batch.ids)  # (B, M, C)
-        masked_loss(logits, batch.targets.gather(1, batch.ids))
+        masked_loss(logits, batch.masked_targets)
 
     per_step = timed(train_forward, a.repeats)
     print(f"device {device}  config {a.config}  batch {d.batch_size}  eval images {len(images)}")

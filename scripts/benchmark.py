@@ -1,7 +1,7 @@
 """Benchmark vitmask's real training path against a reference timed in the same run.
 
 vitmask: `Trainer(cfg, splits, device)`, `trainer.sampler.sample()`, `trainer.train_step(batch)`.
-The reference (vitmask.reference): the same model as `nn.TransformerEncoder(norm_first=True)`, fed
+The reference (scripts/bench_reference.py): the same model as `nn.TransformerEncoder(norm_first=True)`, fed
 by a per-sample Dataset + DataLoader that patchifies and masks in `__getitem__`, same config and
 batch. Their steps alternate, one each, so both see the same machine load; on a shared machine the
 ratio vitmask / reference is the figure to trust, not the absolute numbers.
@@ -11,7 +11,7 @@ that), while vitmask runs as its config says; --autocast and --compile set its t
 train.compile, so the trainer's own autocast and torch.compile are what is timed. Reported for each: training
 images/s and tokens/s (median of timed steps after warm-up), the share of the step spent building
 the batch (timed alone and inside the step), peak memory (RSS on CPU, max allocated on CUDA),
-achieved FLOP/s from the analytic count (vitmask.params) and its percentage of a dense matmul peak
+achieved FLOP/s from the analytic count (vitmask.flops) and its percentage of a dense matmul peak
 measured in this run (2048^2 fp32 and bf16 on CPU, 8192^3 bf16 on CUDA), and eval images/s.
 
     python scripts/benchmark.py                                   # the CPU target model, batch 128
@@ -40,10 +40,12 @@ sys.path.insert(0, str(ROOT / "src"))
 from vitmask.config import load_config  # noqa: E402
 from vitmask.data import load_splits  # noqa: E402
 from vitmask.errors import UserError  # noqa: E402
-from vitmask.params import train_flops_per_image  # noqa: E402
-from vitmask.reference import ReferenceRun  # noqa: E402
+from vitmask.flops import train_flops_per_image  # noqa: E402
 from vitmask.runtime import resolve_device  # noqa: E402
 from vitmask.train import Trainer  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "scripts"))
+from bench_reference import ReferenceRun  # noqa: E402
 
 # the benchmark needs a few thousand images, not the full split: step speed does not depend on it
 DATA_OVERRIDES = ["data.num_train=4096", "data.num_val=1024", "data.num_test=16"]
@@ -162,7 +164,7 @@ def eval_images_per_s(trainer: Trainer, batches: int) -> float:
     t = time.perf_counter()
     trainer.evaluate(max_batches=batches)
     sync(trainer.device)
-    images = min(batches * 256, len(trainer.val_images))
+    images = min(batches * 256, len(trainer.validator.images))
     return images / (time.perf_counter() - t)
 
 

@@ -17,10 +17,11 @@ import sys
 from pathlib import Path
 
 from vitmask import runner
+from vitmask.checkpoint import load_model
 from vitmask.data import eval_batches, load_splits
 from vitmask.evaluate import format_report
 from vitmask.inpaint import boxes_to_mask, fill, fill_accuracy, pixels_to_patches
-from vitmask.render import comparison_grid, save_binary_image, save_grid
+from vitmask.render import reconstruction_grid, save_binary_image, save_grid
 from vitmask.runtime import resolve_device
 
 
@@ -50,7 +51,7 @@ def main(argv: list[str] | None = None) -> None:
     print(table)
     runner.reconstruct(a.checkpoint, out / "reconstruct.png", a.n, None, a.split, a.seed, a.device)
 
-    model, cfg, _ = runner.load_model(a.checkpoint, device)
+    model, cfg, _ = load_model(a.checkpoint, device)
     d = cfg.data
     images = load_splits(cfg)[a.split][: max(a.images, a.n)].to(device)  # (n, S, S)
     box = centre_box(d.image_size)
@@ -66,7 +67,7 @@ def main(argv: list[str] | None = None) -> None:
     shown = images[: a.n]
     mask = box_mask.expand(len(shown), -1)  # (n, N)
     preds = [fill(model, shown, mask, d.patch_size, steps) for steps in (1, a.steps)]
-    save_grid(comparison_grid(shown, mask, preds, d.patch_size), out / "inpaint.png", scale=4)
+    save_grid(reconstruction_grid(shown, mask, preds, d.patch_size), out / "inpaint.png", scale=4)
 
     rows = []
     cases = [(f"random, ratio {r:g}", next(eval_batches(images, cfg, r, a.seed, len(images))).mask) for r in a.ratios]

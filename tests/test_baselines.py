@@ -4,9 +4,10 @@ from collections import Counter
 
 import torch
 
-from vitmask.baselines import EIGHT, FOUR, context_codes, fit_baselines, fit_table, lookup
+from vitmask.baselines import EIGHT, FOUR, codes_fit, context_codes, fit_baselines, fit_table, lookup
 from vitmask.config import config_from_dict
 from vitmask.data import eval_batches
+from vitmask.evaluate import evaluate
 from vitmask.patches import classes_to_patches, unpatchify
 
 
@@ -49,6 +50,46 @@ def test_table_takes_the_most_frequent_centre_ties_to_the_smallest_and_backs_off
     assert table.keys.tolist() == [5, 7, 9] and table.values.tolist() == [2, 3, 0]
     got = lookup(table, torch.tensor([[9, 6, 5, 100]]), torch.tensor([[11, 12, 13, 14]]))
     assert got.tolist() == [[0, 12, 2, 14]]
+
+
+def test_back_off_goes_8_neighbour_then_4_neighbour_then_per_position():
+    # 2x2 grids of patches, one masked per image (ratio 0.25 of 4). For the top-left patch the
+    # 8-neighbour context is (right, below, below-right), the 4-neighbour context (right, below).
+    train = images_from_classes([[1, 2, 3, 4]] * 40 + [[5, 2, 3, 6]] * 120 + [[7, 8, 8, 8]] * 200)
+    b = fit_baselines(train, cfg_for(4, 0.25), 0.25, seed=0)
+    # by hand: 8-table (2, 3, 4) -> 1 (only [1, 2, 3, 4] has it); 4-table (2, 3) -> 5 ([5, 2, 3, 6] is
+    # three times as common); per-position majority of the top-left patch -> 7 (200 images of 360)
+    assert b.position[0] == 7
+    queries = torch.tensor([[0, 2, 3, 4], [0, 2, 3, 9], [0, 9, 9, 9]])  # the masked patch's class is never read
+    mask = torch.tensor([[True, False, False, False]] * 3)
+    got = b.predict(queries, mask, torch.zeros(3, 1, dtype=torch.long))["neighbour"]
+    assert got.flatten().tolist() == [1, 5, 7]  # the 8-neighbour table decides, then the 4-neighbour, then position
+
+
+def test_the_neighbour_table_is_left_out_for_patches_larger_than_2x2():
+    # 3x3 patches: 512 classes, (512 + 2)^8 * 512 overflows int64, so no table is built
+    assert codes_fit(16, 8) and not codes_fit(512, 8)
+    g = torch.Generator().manual_seed(0)
+    for patch_size, want in ((3, {"majority", "position"}), (2, {"majority", "position", "neighbour"})):
+        cfg = config_from_dict({"data": {"image_size": 6, "patch_size": patch_size}, "mask": {"ratio": 0.5}})
+        train = (torch.rand(12, 6, 6, generator=g) < 0.3).to(torch.uint8)
+        b = fit_baselines(train, cfg, 0.5, seed=0)
+        assert (b.tables == []) == (patch_size == 3)
+        q = next(eval_batches(train, cfg, 0.5, 1, 4))
+        assert set(b.predict(q.targets, q.mask, q.ids)) == want
+        m = evaluate(Zeros(cfg.data.num_classes), train, cfg, 0.5, 1, b.majority, baselines=b)
+        assert set(m["baselines"]) == want  # the eval report leaves the table out too
+
+
+class Zeros(torch.nn.Module):
+    """Equal logits for every class: a model-shaped stand-in for the eval loop."""
+
+    def __init__(self, num_classes: int):
+        super().__init__()
+        self.num_classes = num_classes
+
+    def forward(self, patches, mask, ids):
+        return torch.zeros(*ids.shape, self.num_classes)  # (B, M, C)
 
 
 def reference_neighbour(train_cls, train_masks, query_cls, query_mask, grid, position):

@@ -2,9 +2,15 @@
 
 import json
 
+import pytest
 import torch
+import torch.nn.functional as F
 
 from tests.conftest import ROOT, assert_user_error, run_cli, write_config
+from vitmask.config import config_from_dict
+from vitmask.data import eval_batches, load_splits
+from vitmask.model import build_model
+from vitmask.patches import classes_to_patches, patches_to_classes, patchify
 
 
 def test_count_params_prints_the_seed_table_and_total():
@@ -91,6 +97,30 @@ def test_train_then_eval_json(tmp_path):
     report = json.loads(res.stdout)
     assert report["split"] == "test" and len(report["results"]) == 1
     m = report["results"][0]
-    assert m["mask_ratio"] == 0.5 and 0 <= m["acc"] <= 1 and m["masked_patches"] > 0
-    assert {"loss", "acc_nonempty", "bit_acc", "majority_acc", "per_class", "confusions", "baselines"} <= set(m)
+    # by hand: the 64 test images hide round(0.5 * 64) = 32 patches each under the masks of seed 0,
+    # scored against the checkpoint's own model run here
+    state = torch.load(run / "last.pt", weights_only=True)
+    cfg = config_from_dict(state["config"])
+    model = build_model(cfg).eval()
+    model.load_state_dict(state["model"])
+    images = load_splits(cfg)["test"]
+    batch = next(eval_batches(images, cfg, 0.5, 0, len(images)))
+    truth = patches_to_classes(patchify(images, 2)).gather(1, batch.ids)  # (64, 32)
+    with torch.no_grad():
+        logits = model(batch.patches, batch.mask, batch.ids)  # (64, 32, 16)
+    pred = logits.argmax(-1)
+    hit, filled = pred == truth, truth != 0
+    wrong_bits = int((classes_to_patches(pred, 4) != classes_to_patches(truth, 4)).sum())
+    assert set(report) == {"checkpoint", "split", "seed", "images", "patch_size", "results"}
+    assert {"mask_ratio", "loss", "acc", "acc_nonempty", "bit_acc", "majority_acc", "masked_patches"} <= set(m)
+    assert {"nonempty_patches", "per_class", "confusions", "baselines"} <= set(m)
+    assert m["loss"] == pytest.approx(float(F.cross_entropy(logits.flatten(0, 1), truth.flatten())), rel=1e-5)
+    assert m["bit_acc"] == pytest.approx(1 - wrong_bits / (64 * 32 * 4), abs=1e-12)
+    assert m["mask_ratio"] == 0.5 and m["masked_patches"] == 64 * 32 and report["images"] == 64
+    assert m["nonempty_patches"] == int(filled.sum())
+    assert m["acc"] == int(hit.sum()) / (64 * 32)
+    assert m["acc_nonempty"] == int((hit & filled).sum()) / int(filled.sum())
+    assert m["majority_acc"] == m["baselines"]["majority"]["acc"] == int((~filled).sum()) / (64 * 32)  # "empty"
+    counts = torch.bincount(truth.flatten(), minlength=16).tolist()
+    assert {r["class"]: r["patches"] for r in m["per_class"]} == {c: n for c, n in enumerate(counts) if n}
     assert_user_error(run_cli("eval", "--checkpoint", run / "last.pt", "--mask-ratio", "1"), "--mask-ratio")

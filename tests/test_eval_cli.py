@@ -12,12 +12,11 @@ import torch
 from PIL import Image
 
 from tests.conftest import assert_user_error, write_config
-from vitmask import cli, runner
-from vitmask.checkpoint import save_checkpoint
+from vitmask import cli
+from vitmask.checkpoint import load_model, save_checkpoint
 from vitmask.config import load_config
-from vitmask.data import eval_batches, load_splits
+from vitmask.data import load_splits
 from vitmask.preprocess import binarize_images, load_image_file
-from vitmask.render import reconstruction_grid
 from vitmask.train import Trainer
 
 
@@ -71,29 +70,12 @@ def test_eval_reports_every_ratio_in_a_table_and_the_same_numbers_as_json(run_cl
         assert label in table.stdout
 
 
-def test_reconstruct_writes_the_tensorboard_grid(run_cli, ckpt, tmp_path):
-    out = tmp_path / "recon.png"
-    res = run_cli("reconstruct", "--checkpoint", ckpt, "--out", out, "--n", "4", "--mask-ratio", "0.5", "--seed", "2")
-    assert res.returncode == 0, res.stderr
-    # the same picture, made here with the function TensorBoard uses, scaled 4x as the command does
-    model, cfg, _ = runner.load_model(ckpt, torch.device("cpu"))
-    images = load_splits(cfg)["test"][:4]
-    batch = next(eval_batches(images, cfg, 0.5, 2, 4))
-    with torch.inference_mode():
-        pred = model(batch.patches, batch.mask).argmax(-1)
-    grid = reconstruction_grid(images, batch.mask, pred, 2).repeat_interleave(4, 1).repeat_interleave(4, 2)
-    want = grid.mul(255).add(0.5).clamp(0, 255).to(torch.uint8).permute(1, 2, 0)  # as save_image writes it
-    got = torch.from_numpy(__import__("numpy").array(Image.open(out).convert("RGB")))
-    assert got.shape == (4 * (4 * 18 + 2), 4 * (4 * 18 + 2), 3)  # 4 rows and 4 columns of 16 px, padding 2
-    assert torch.equal(got, want)
-
-
 def test_inpaint_fills_only_the_boxed_patches(run_cli, ckpt, user_image, tmp_path):
     out = tmp_path / "filled.png"
     res = run_cli("inpaint", "--checkpoint", ckpt, "--image", user_image, "--box", "2,2,7,5", "--out", out)
     assert res.returncode == 0, res.stderr
     assert "filled 6 of 64 patches" in res.stdout  # x 2..6 touches 3 patch columns, y 2..4 two patch rows
-    cfg = runner.load_model(ckpt, torch.device("cpu"))[1]
+    cfg = load_model(ckpt).config
     original = binarize_images(load_image_file(user_image).unsqueeze(0), cfg.data)[0]  # (16, 16)
     filled = (load_image_file(out) > 127).to(torch.uint8)
     assert filled.shape == (16, 16)
@@ -170,6 +152,6 @@ def test_make_docs_images_writes_the_pictures_and_numbers(run_cli, ckpt, tmp_pat
     assert "8-neighbour table" in text and "| centre box 4,4,12,12 |" in text
     assert text.count("| random, ratio 0.5 |") == 1
     # the example input is the preprocessed image itself: preprocessing it again changes nothing
-    cfg = runner.load_model(ckpt, torch.device("cpu"))[1]
+    cfg = load_model(ckpt).config
     again = binarize_images(load_image_file(out / "inpaint_input.png").unsqueeze(0), cfg.data)[0]
     assert torch.equal(again, load_splits(cfg)["test"][0])

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from vitmask.config import config_from_dict
 from vitmask.data import eval_batches
-from vitmask.evaluate import Tally, evaluate, format_report, patch_label
+from vitmask.evaluate import evaluate, format_report
 from vitmask.patches import classes_to_patches, patches_to_classes
 from vitmask.shapes import make_splits
 
@@ -39,24 +39,6 @@ class Constant(torch.nn.Module):
 
 def images():
     return make_splits(40, 1, 1, 8, seed=3)["train"]  # (40, 8, 8)
-
-
-def test_tally_on_hand_made_predictions():
-    t = Tally(16, torch.device("cpu"))
-    t.add(torch.tensor([[0, 1, 3, 4]]), torch.tensor([[0, 0, 3, 5]]))
-    s = t.summary()
-    assert s["acc"] == 0.5
-    assert s["acc_nonempty"] == 0.5  # classes 3 and 5 are non-empty; 3 is right
-    assert s["bit_acc"] == 1 - 2 / 16  # 0 vs 1 and 5 (0101) vs 4 (0100): one wrong pixel each
-    assert t.per_class() == [
-        {"class": 0, "patches": 2, "acc": 0.5},
-        {"class": 3, "patches": 1, "acc": 1.0},
-        {"class": 5, "patches": 1, "acc": 0.0},
-    ]
-    assert sorted((c["true"], c["pred"], c["patches"], c["share"]) for c in t.confusions()) == [
-        (0, 1, 1, 0.5),
-        (5, 4, 1, 1.0),
-    ]
 
 
 def test_a_perfect_predictor_scores_one():
@@ -91,9 +73,27 @@ def test_eval_masks_are_seeded():
     assert a == b and a["acc"] != c["acc"]
 
 
-def test_patch_label_and_report_table():
-    assert patch_label(9, 2) == "10/01" and patch_label(1, 1) == "1"
-    m = evaluate(Oracle(), images(), CFG, 0.25, seed=0, majority_class=0)
-    report = {"checkpoint": "x.pt", "split": "val", "seed": 0, "images": 39, "patch_size": 2}
-    text = format_report({**report, "results": [{"mask_ratio": 0.25, **m}]})
-    assert "mask ratio 0.25" in text and "  model" in text and "1.0000" in text
+def test_report_table_by_hand():
+    result = {
+        "mask_ratio": 0.5,
+        "loss": 0.25,
+        "acc": 0.75,
+        "acc_nonempty": 0.5,
+        "bit_acc": 0.875,
+        "masked_patches": 8,
+        "nonempty_patches": 4,
+        "baselines": {"majority": {"acc": 0.5, "acc_nonempty": 0.0, "bit_acc": 0.75}},
+        "confusions": [{"true": 9, "pred": 0, "patches": 2, "share": 0.5}],
+        "per_class": [{"class": 0, "patches": 4, "acc": 1.0}, {"class": 9, "patches": 4, "acc": 0.5}],
+    }
+    report = {"checkpoint": "x.pt", "split": "val", "seed": 3, "images": 2, "patch_size": 2, "results": [result]}
+    lines = format_report(report).splitlines()
+    assert lines[0].split() == ["checkpoint", "x.pt", "split", "val", "(2", "images)", "seed", "3"]
+    assert "mask ratio 0.5  (8 masked patches, 4 non-empty)" in lines
+    row = lambda label: next(ln for ln in lines if ln.startswith(f"  {label} ")).split()[-4:]  # noqa: E731
+    assert row("model") == ["0.2500", "0.7500", "0.5000", "0.8750"]  # loss, acc, acc non-empty, bit acc
+    assert row("majority class") == ["-", "0.5000", "0.0000", "0.7500"]
+    assert "    10/01 -> 00/00: 2, 50.0%" in lines  # class 9 read as its pixel rows
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("per-class")) + 2  # after the title and header
+    per_class = [ln.split() for ln in lines[start:]]
+    assert per_class == [["0", "00/00", "50.00%", "1.0000"], ["9", "10/01", "50.00%", "0.5000"]]

@@ -160,6 +160,13 @@ def test_resume_into_a_foreign_run_dir_is_refused_and_a_fork_gets_its_own_id(tra
         runner.train(None, [], a, str(tmp_path / "legacy.pt"), "cpu")
 
 
+def test_without_run_dir_a_run_writes_to_runs_name(tmp_path, monkeypatch):
+    cfg = write_config(tmp_path / "tiny.yaml", {"train": {"max_steps": 1, "eval_every": 1, "checkpoint_every": 1}})
+    monkeypatch.chdir(tmp_path)
+    run_dir, _ = runner.train(cfg, [], None, None, "cpu")
+    assert run_dir == Path("runs") / "tiny" and (tmp_path / "runs" / "tiny" / "last.pt").is_file()
+
+
 def test_resume_path_without_run_dir_writes_into_the_checkpoints_folder(trained, tmp_path, capsys):
     run = copy_run(trained, tmp_path / "run")
     run_dir, _ = runner.train(None, ["train.max_steps=5"], None, str(run / "step_0000004.pt"), "cpu")

@@ -46,6 +46,8 @@ def test_a_mask_image_is_fitted_like_the_image_and_must_match_its_size():
     mask[0, 0] = 255
     pix = mask_image_to_pixels(mask, (4, 6), cfg)  # padded to 8x8: offsets 2 (rows) and 1 (columns)
     assert pix.nonzero().tolist() == [[2, 1]]
+    gray = torch.tensor([[127, 128, 255, 0]], dtype=torch.uint8)  # white: a gray level of 128 or more
+    assert mask_image_to_pixels(gray, (1, 4), DataConfig(image_size=4, fit="pad"))[1].tolist() == [0, 1, 1, 0]
     with pytest.raises(UserError, match="mask image is 6x4 pixels but the image is 5x4"):
         mask_image_to_pixels(mask, (4, 5), cfg)
 

@@ -1,5 +1,6 @@
-"""Masking strategies (block masks, per-batch ratio ranges), the learned mask embedding, and their
-config keys."""
+"""Masking: the exact count M = round(ratio * N), random and block masks, per-batch ratio ranges,
+what the model sees in place of a masked patch (the fill value or the learned mask embedding), and
+their config keys."""
 
 import numpy as np
 import pytest
@@ -10,7 +11,7 @@ from tests.test_sources import run_inproc
 from vitmask.config import config_from_dict, dump_config, load_config
 from vitmask.data import BatchSampler, eval_batches
 from vitmask.errors import UserError
-from vitmask.masking import block_mask, num_masked, random_mask
+from vitmask.masking import apply_fill, block_mask, mask_to_ids, num_masked, random_mask
 from vitmask.model import build_model
 
 
@@ -19,6 +20,91 @@ def neighbour_share(mask: torch.Tensor, grid: int) -> float:
     m = mask.view(-1, grid, grid).float()
     pairs = (m[:, :, 1:] * m[:, :, :-1]).sum() + (m[:, 1:] * m[:, :-1]).sum()
     return float(pairs / m.sum())
+
+
+def test_num_masked_is_round_ratio_times_n_within_1_and_n_minus_1():
+    assert num_masked(256, 0.5) == 128
+    assert num_masked(256, 0.75) == 192
+    assert num_masked(10, 0.33) == 3
+    assert num_masked(10, 0.01) == 1
+    assert num_masked(10, 0.99) == 9
+
+
+@pytest.mark.parametrize(
+    "n,ratio,count",
+    [
+        (16, 0.53, 8),  # 8.48 rounds down
+        (16, 0.6, 10),  # 9.6 rounds up (truncation would give 9)
+        (16, 0.3, 5),  # 4.8 rounds up
+        (16, 0.59375, 10),  # exactly 9.5: Python's round goes to the even 10
+        (16, 0.65625, 10),  # exactly 10.5: Python's round goes to the even 10, not 11
+        (64, 0.45, 29),  # 28.8
+    ],
+)
+def test_num_masked_rounds_at_the_boundaries(n, ratio, count):
+    assert num_masked(n, ratio) == count
+
+
+def test_batches_hide_round_ratio_times_n_patches():
+    # 8x8 images of 2x2 patches: N = 16; ratio 0.6 -> round(9.6) = 10 patches in every image
+    cfg = config_from_dict({**TINY, "data": {**TINY["data"], "image_size": 8}, "mask": {"ratio": 0.6}})
+    images = torch.randint(0, 2, (20, 8, 8), dtype=torch.uint8)
+    batch = BatchSampler(images, cfg).sample()
+    assert batch.ids.shape == (32, 10) and batch.mask.sum(1).tolist() == [10] * 32
+    for b in eval_batches(images, cfg, 0.6, seed=0, batch_size=8):
+        assert b.ids.shape[1] == 10 and b.mask.sum(1).tolist() == [10] * len(b.mask)
+
+
+def test_random_mask_hides_an_exact_count_per_image():
+    g = torch.Generator().manual_seed(1)
+    for ratio in (0.1, 0.5, 0.75):
+        m = num_masked(64, ratio)
+        ids, mask = random_mask(50, 64, m, g)
+        assert ids.shape == (50, m) and mask.shape == (50, 64)
+        assert (mask.sum(1) == m).all()
+        assert mask.gather(1, ids).all()  # ids point at masked patches
+        assert (ids.sort(1).values.diff(dim=1) > 0).all()  # no repeats
+        assert torch.equal(mask_to_ids(mask), ids.sort(1).values)
+
+
+def test_random_masks_pick_every_patch_equally_often():
+    # 4000 masks of 5 of 16 patches: each patch is hidden in 5/16 of them (binomial sd 0.0073)
+    _, mask = random_mask(4000, 16, 5, torch.Generator().manual_seed(0))
+    share = mask.double().mean(0)  # (16,)
+    assert ((share - 5 / 16).abs() < 0.03).all(), share
+    pairs = (mask[:, 0] & mask[:, 1]).double().mean()  # two given patches together: 5/16 * 4/15
+    assert abs(float(pairs) - 5 / 16 * 4 / 15) < 0.02
+
+
+def test_random_mask_differs_between_images_and_is_seeded():
+    a = random_mask(4, 64, 32, torch.Generator().manual_seed(3))[1]
+    b = random_mask(4, 64, 32, torch.Generator().manual_seed(3))[1]
+    assert torch.equal(a, b)
+    assert not torch.equal(a[0], a[1])
+
+
+def test_apply_fill_sets_exactly_the_masked_patches_to_the_fill_value():
+    patches = torch.tensor([[[1.0, 0.0, 1.0, 1.0], [0.0, 1.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]]])  # (1, 3, 4)
+    mask = torch.tensor([[False, True, True]])
+    out = apply_fill(patches, mask, 0.3)
+    want = torch.tensor([[[1.0, 0.0, 1.0, 1.0], [0.3] * 4, [0.3] * 4]])
+    assert torch.equal(out, want)
+    assert patches[0, 1].tolist() == [0.0, 1.0, 0.0, 0.0]  # the caller's pixels are left alone
+
+
+def test_the_model_sees_the_configured_fill_value_in_masked_patches():
+    # mask.fill 0.3, not the default 0.5: the pixels the patch embedding reads, captured by a hook
+    cfg = config_from_dict({**TINY, "mask": {"ratio": 0.5, "fill": 0.3}})
+    model = build_model(cfg).eval()
+    seen = {}
+    model.embed.register_forward_pre_hook(lambda m, args: seen.setdefault("pixels", args[0].clone()))
+    x = torch.ones(2, 64, 4)  # every pixel foreground
+    mask = torch.zeros(2, 64, dtype=torch.bool)
+    mask[0, 5] = mask[1, 63] = True
+    model(x, mask)
+    want = torch.ones(2, 64, 4)
+    want[0, 5] = want[1, 63] = 0.3
+    assert torch.equal(seen["pixels"], want)
 
 
 @pytest.mark.parametrize(
@@ -56,7 +142,6 @@ def test_block_masks_are_clustered_and_seeded():
 
 def test_ratio_range_draws_one_count_per_batch_within_range_and_resumes():
     cfg = config_from_dict({**TINY, "data": {**TINY["data"], "image_size": 16}}, ["mask.ratio_range=[0.25, 0.75]"])
-    n = cfg.data.num_patches  # 64
     images = torch.randint(0, 2, (50, 16, 16), dtype=torch.uint8)
     sampler = BatchSampler(images, cfg)
     counts = []
@@ -64,14 +149,14 @@ def test_ratio_range_draws_one_count_per_batch_within_range_and_resumes():
         b = sampler.sample()
         assert b.ids.shape[0] == cfg.data.batch_size and (b.mask.sum(1) == b.ids.shape[1]).all()
         counts.append(b.ids.shape[1])
-    assert all(num_masked(n, 0.25) <= m <= num_masked(n, 0.75) for m in counts) and len(set(counts)) > 3
+    assert all(16 <= m <= 48 for m in counts) and len(set(counts)) > 3  # N = 64: round(0.25 N) .. round(0.75 N)
     state = sampler.state_dict()
     ahead = [sampler.sample().ids for _ in range(3)]
     resumed = BatchSampler(images, cfg)
     resumed.load_state_dict(state)
     assert all(torch.equal(a, resumed.sample().ids) for a in ahead)
     fixed = BatchSampler(images, config_from_dict(TINY))
-    assert {fixed.sample().ids.shape[1] for _ in range(3)} == {num_masked(fixed.num_patches, 0.5)}
+    assert {fixed.sample().ids.shape[1] for _ in range(3)} == {32}  # no range: round(0.5 * 64) every batch
 
 
 def test_eval_batches_use_the_configured_strategy_seeded():
@@ -80,7 +165,7 @@ def test_eval_batches_use_the_configured_strategy_seeded():
     a = [b.mask for b in eval_batches(images, cfg, 0.25, seed=3, batch_size=16)]
     b = [b.mask for b in eval_batches(images, cfg, 0.25, seed=3, batch_size=16)]
     assert [len(x) for x in a] == [16, 16, 8] and all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
-    assert all((x.sum(1) == num_masked(64, 0.25)).all() for x in a)
+    assert all((x.sum(1) == 16).all() for x in a)  # round(0.25 * 64)
     assert neighbour_share(torch.cat(a), 8) > 1.3
 
 

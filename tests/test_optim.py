@@ -9,9 +9,9 @@ from torch import nn
 from vitmask.config import config_from_dict
 from vitmask.data import load_splits
 from vitmask.optim import lr_factor, param_groups
-from vitmask.train import Trainer, bit_hits
+from vitmask.train import Trainer
 
-from .conftest import TINY
+from .conftest import TINY, RecordingLogger
 
 
 @pytest.fixture(autouse=True)
@@ -27,25 +27,6 @@ def tiny(seed: int = 0, **train):
     raw = {k: (dict(v) if isinstance(v, dict) else v) for k, v in TINY.items()}
     raw["train"].update(train)
     return config_from_dict({**raw, "seed": seed})
-
-
-class Recorder:
-    """A logger that keeps every scalar it is given."""
-
-    def __init__(self):
-        self.rows: list[tuple[int, dict]] = []
-
-    def log(self, metrics, step):
-        self.rows.append((step, dict(metrics)))
-
-    def log_image(self, tag, image, step):
-        pass
-
-    def log_hparams(self, hparams, metrics, step=0):
-        pass
-
-    def close(self):
-        pass
 
 
 def test_weight_decay_skips_biases_norms_pos_and_mask_token():
@@ -89,12 +70,12 @@ def test_warmup_then_cosine_reaches_min_lr():
 def test_the_optimizer_uses_the_scheduled_lr_at_every_step():
     cfg = tiny(lr=0.01, warmup_steps=2, max_steps=5, schedule="cosine", min_lr=0.001, log_every=1, eval_every=100)
     seen = []
-    trainer = Trainer(cfg, load_splits(cfg), torch.device("cpu"), logger=Recorder())
+    trainer = Trainer(cfg, load_splits(cfg), torch.device("cpu"), logger=RecordingLogger())
     trainer.optimizer.register_step_pre_hook(lambda opt, a, k: seen.append(opt.param_groups[0]["lr"]))
     trainer.fit(progress=False)
     want = [0.01 * lr_factor(s, cfg.train) for s in range(5)]
     assert seen == pytest.approx(want)
-    logged = [m["train/lr"] for _, m in trainer.logger.rows if "train/lr" in m]
+    logged = [m["train/lr"] for _, m in trainer.reporter.logger.rows if "train/lr" in m]
     assert logged == pytest.approx(want)
 
 
@@ -160,13 +141,6 @@ def test_compiled_and_plain_models_share_checkpoints():
     compiled.load_state_dict(prefixed)  # keys written by a compiled module load too
     for k, v in other.model.state_dict().items():
         assert torch.equal(compiled.model.state_dict()[k], v), k
-
-
-def test_bit_hits_counts_equal_bits_of_two_classes():
-    pred = torch.tensor([[0b1010, 0b1111]])
-    target = torch.tensor([[0b1000, 0b0000]])
-    # 1010 vs 1000: 3 equal bits; 1111 vs 0000: none
-    assert int(bit_hits(pred, target, 4)) == 3
 
 
 def test_optimizer_is_fused_on_cuda_only():

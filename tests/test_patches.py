@@ -1,7 +1,16 @@
+"""Patches and token classes: patchify/unpatchify, the row-major patch order, the bit order inside a
+patch (first pixel most significant), class labels and patch masks as pixel masks."""
+
 import torch
 
-from vitmask.masking import mask_to_ids, num_masked, random_mask
-from vitmask.patches import classes_to_patches, patches_to_classes, patchify, unpatchify
+from vitmask.patches import (
+    classes_to_patches,
+    patch_label,
+    patch_mask_to_pixels,
+    patches_to_classes,
+    patchify,
+    unpatchify,
+)
 
 
 def test_unpatchify_inverts_patchify():
@@ -31,6 +40,21 @@ def test_bit_order_first_pixel_is_most_significant():
     assert patches_to_classes(patchify(img, 2)).tolist() == [[9]]
 
 
+def test_patch_label_spells_a_class_as_its_pixel_rows():
+    assert patch_label(9, 2) == "10/01" and patch_label(1, 2) == "00/01" and patch_label(8, 2) == "10/00"
+    assert patch_label(1, 1) == "1" and patch_label(0, 1) == "0"
+    assert patch_label(2**8 + 1, 3) == "100/000/001"  # 3x3: the first pixel is bit 8, the last bit 0
+
+
+def test_patch_mask_to_pixels_covers_exactly_the_masked_patches():
+    mask = torch.tensor([[False, True, False, False, False, False, False, False, True]])  # a 3x3 grid
+    pix = patch_mask_to_pixels(mask, 2)  # (1, 6, 6)
+    want = torch.zeros(1, 6, 6, dtype=torch.bool)
+    want[0, 0:2, 2:4] = True  # patch 1: row 0, column 1
+    want[0, 4:6, 4:6] = True  # patch 8: row 2, column 2
+    assert pix.dtype == torch.bool and torch.equal(pix, want)
+
+
 def test_classes_round_trip_for_every_class():
     for bits in (1, 4, 9):
         c = torch.arange(2**bits)
@@ -38,30 +62,3 @@ def test_classes_round_trip_for_every_class():
         assert pix.shape == (2**bits, bits)
         assert set(pix.unique().tolist()) <= {0, 1}
         assert torch.equal(patches_to_classes(pix), c)
-
-
-def test_num_masked_is_round_ratio_times_n_within_1_and_n_minus_1():
-    assert num_masked(256, 0.5) == 128
-    assert num_masked(256, 0.75) == 192
-    assert num_masked(10, 0.33) == 3
-    assert num_masked(10, 0.01) == 1
-    assert num_masked(10, 0.99) == 9
-
-
-def test_random_mask_hides_an_exact_count_per_image():
-    g = torch.Generator().manual_seed(1)
-    for ratio in (0.1, 0.5, 0.75):
-        m = num_masked(64, ratio)
-        ids, mask = random_mask(50, 64, m, g)
-        assert ids.shape == (50, m) and mask.shape == (50, 64)
-        assert (mask.sum(1) == m).all()
-        assert mask.gather(1, ids).all()  # ids point at masked patches
-        assert (ids.sort(1).values.diff(dim=1) > 0).all()  # no repeats
-        assert torch.equal(mask_to_ids(mask), ids.sort(1).values)
-
-
-def test_random_mask_differs_between_images_and_is_seeded():
-    a = random_mask(4, 64, 32, torch.Generator().manual_seed(3))[1]
-    b = random_mask(4, 64, 32, torch.Generator().manual_seed(3))[1]
-    assert torch.equal(a, b)
-    assert not torch.equal(a[0], a[1])

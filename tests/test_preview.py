@@ -5,31 +5,34 @@ import pytest
 import torch
 from PIL import Image
 
-from tests.conftest import TINY, assert_user_error, run_cli, write_config
+from tests.conftest import MNIST_DIR, ROOT, TINY, assert_user_error, write_config
 from tests.test_sources import run_inproc
-from vitmask.config import config_from_dict
-from vitmask.preview import class_pattern, dataset_stats
+from vitmask.config import config_from_dict, load_config
+from vitmask.data import eval_batches, load_splits
+from vitmask.preview import dataset_stats, format_stats, preview_grid
 
 
-def test_preview_writes_the_grid_and_prints_statistics(tmp_path):
+def test_preview_writes_the_grid_and_prints_statistics(tmp_path, capsys):
     rng = np.random.default_rng(0)
     images = (rng.random((50, 16, 16)) < 0.3).astype(np.uint8)  # 0/1, 16x16 like TINY
     np.savez(tmp_path / "d.npz", images=images)
     cfg = write_config(tmp_path / "c.yaml", {"data": {"source": "npz", "path": str(tmp_path / "d.npz")}})
     out = tmp_path / "sub" / "preview.png"
-    res = run_cli("preview", "--config", cfg, "--out", out, "--count", "16")
+    res = run_inproc(capsys, "preview", "--config", cfg, "--out", out)  # --count defaults to 16
     assert res.returncode == 0, res.stderr
     # 16 images, 8 per row, each row followed by its masked copy: 4 rows of 8 cells of 16 * 4 pixels
     png = np.asarray(Image.open(out).convert("RGB")).astype(int)
     cell, pad = 16 * 4, 2
     assert png.shape == (4 * (cell + pad) + pad, 8 * (cell + pad) + pad, 3)
+    train = {tuple(x.flatten().tolist()) for x in load_splits(load_config(cfg))["train"]}
     for r in range(4):
         for c in range(8):
             y, x = pad + r * (cell + pad), pad + c * (cell + pad)
             block = png[y : y + cell, x : x + cell]
             tinted = int((block[..., 2] > block[..., 0] + 40).sum())
-            if r % 2 == 0:  # the image: black and white only, both present
+            if r % 2 == 0:  # the image: black and white only, both present, one of the training images
                 assert tinted == 0 and set(np.unique(block)) == {0, 255}
+                assert tuple((block[::4, ::4, 0] // 255).flatten().tolist()) in train
             else:  # its masks: 32 of 64 patches of 2x2 pixels, each pixel drawn 4x4
                 assert tinted == 32 * 4 * 16
     lines = res.stdout.splitlines()
@@ -58,7 +61,6 @@ def test_dataset_stats_against_numpy():
     assert s["foreground"]["test"] == pytest.approx(train[5:9].float().mean().item())
     assert s["empty_patch_share"] == pytest.approx(shares[0])
     assert [c for c, _ in s["top_classes"]] == list(np.argsort(-shares, kind="stable")[:3])
-    assert class_pattern(9, 2) == "10/01" and class_pattern(1, 2) == "00/01"
 
 
 def test_preview_rejects_an_out_path_that_is_not_png(tmp_path, capsys):
@@ -66,3 +68,52 @@ def test_preview_rejects_an_out_path_that_is_not_png(tmp_path, capsys):
     res = run_inproc(capsys, "preview", "--config", cfg, "--out", tmp_path / "p.jpg")
     assert_user_error(res, "--out", "must be a .png")
     assert not (tmp_path / "p.jpg").exists()
+
+
+def test_preview_grid_tints_masked_patches_light_on_foreground_dark_on_background():
+    # two 4x4 images of 2x2 patches, each row of images followed by the same images with masks drawn:
+    # a masked pixel is 0.45 * its gray level + 0.55 * (0.2, 0.45, 1.0)
+    light, dark = torch.tensor([0.56, 0.6975, 1.0]), torch.tensor([0.11, 0.2475, 0.55])
+    cfg = config_from_dict({"data": {"image_size": 4, "patch_size": 2}, "mask": {"ratio": 0.5}})
+    images = torch.tensor([[[1, 1, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1]]] * 2, dtype=torch.uint8)
+    images[1] = 1 - images[1]
+    grid = preview_grid(images, cfg, seed=5, per_row=2, scale=1)  # (3, 2 * 6 + 2, 2 * 6 + 2)
+    assert grid.shape == (3, 14, 14)
+    mask = next(eval_batches(images, cfg, 0.5, 5, 2)).mask  # the masks seed 5 draws: 2 of 4 patches each
+    for i in range(2):
+        top, masked = grid[:, 2:6, 2 + 6 * i : 6 + 6 * i], grid[:, 8:12, 2 + 6 * i : 6 + 6 * i]  # (3, 4, 4) each
+        assert torch.equal(top, images[i].float().expand(3, 4, 4))
+        for y in range(4):
+            for x in range(4):
+                gray = float(images[i, y, x])
+                if mask[i, (y // 2) * 2 + x // 2]:
+                    torch.testing.assert_close(masked[:, y, x], light if gray else dark)
+                else:
+                    assert masked[:, y, x].tolist() == [gray] * 3
+    assert grid[:, 0, 0].tolist() == grid[:, 7, 5].tolist() == [0.5] * 3  # the padding between cells
+
+
+def test_statistics_text_by_hand():
+    cfg = config_from_dict({"data": {"image_size": 4, "patch_size": 2}, "mask": {"ratio": 0.5}})
+    empty = torch.zeros(4, 4, dtype=torch.uint8)
+    corner = empty.clone()
+    corner[:2, :2] = 1  # one patch 11/11 (class 15)
+    splits = {"train": torch.stack([empty, corner]), "val": corner[None], "test": torch.stack([empty] * 3)}
+    lines = format_stats(dataset_stats(splits, cfg, top=2), cfg).splitlines()  # top 2: no ties among them
+    assert "mask random, ratio 0.5 (2 of 4 patches)" in lines
+    assert lines[-5:] == [
+        "train         2  0.1250",  # 4 of 32 pixels
+        "val           1  0.2500",
+        "test          3  0.0000",
+        "empty patches (train) 0.8750",  # 7 of 8 patches
+        "most common patch classes (train): 0 [00/00] 0.8750, 15 [11/11] 0.1250",
+    ]
+
+
+@pytest.mark.skipif(not (MNIST_DIR / "t10k-images-idx3-ubyte.gz").is_file(), reason="needs ../shared/data/mnist")
+def test_statistics_of_the_mnist_test_set_are_the_ones_the_readme_shows():
+    cfg = load_config(ROOT / "configs" / "mnist.yaml", ["data.source=idx", f"data.path={MNIST_DIR}"])
+    text = format_stats(dataset_stats(load_splits(cfg), cfg), cfg)
+    readme = (ROOT / "README.md").read_text()
+    shown = readme[readme.index("split    images  foreground") :].split("```")[0].strip().splitlines()
+    assert len(shown) == 6 and shown == text.splitlines()[-6:]

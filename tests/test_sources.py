@@ -75,6 +75,15 @@ def test_idx_gz_and_plain_files_with_their_own_train_test_split(tmp_path):
     assert {tuple(x.flatten().tolist()) for x in torch.cat([s["train"], s["val"]])} == pool
 
 
+@pytest.mark.parametrize("test_name", ["test-images-idx3-ubyte", "emnist-digits-test-images-idx3-ubyte.gz"])
+def test_idx_files_named_test_are_the_test_split(tmp_path, test_name):
+    write_idx(tmp_path / "emnist-digits-train-images-idx3-ubyte", numbered_images(20))
+    write_idx(tmp_path / test_name, numbered_images(26)[20:])
+    s = load_splits(cfg_for("idx", tmp_path, image_size=4, fit="none"))
+    assert torch.equal(s["test"], torch.from_numpy(numbered_images(26)[20:] // 255))
+    assert len(s["train"]) + len(s["val"]) == 20
+
+
 @pytest.mark.skipif(not (MNIST_DIR / "t10k-images-idx3-ubyte.gz").is_file(), reason="needs ../shared/data/mnist")
 def test_real_mnist_test_set_through_idx_is_split_8000_1000_1000_and_binarized():
     s = load_splits(config_from_dict({"data": {"source": "idx", "path": str(MNIST_DIR)}}))
@@ -115,6 +124,16 @@ def test_folder_with_train_and_test_subfolders_keeps_that_split(tmp_path):
     s = load_splits(cfg_for("folder", tmp_path, image_size=4, fit="none"))
     assert (len(s["train"]), len(s["val"]), len(s["test"])) == (9, 1, 3)
     assert torch.equal(s["test"], torch.from_numpy(numbered_images(16)[10:13] // 255))
+
+
+def test_folder_with_a_val_subfolder_keeps_all_three(tmp_path):
+    for split, first, n in (("train", 0, 6), ("val", 6, 2), ("test", 8, 3)):
+        (tmp_path / split).mkdir()
+        for i in range(n):
+            Image.fromarray(numbered_images(16)[first + i]).save(tmp_path / split / f"{i}.png")
+    s = load_splits(cfg_for("folder", tmp_path, image_size=4, fit="none"))
+    for split, first, n in (("train", 0, 6), ("val", 6, 2), ("test", 8, 3)):  # as given, in file order
+        assert torch.equal(s[split], torch.from_numpy(numbered_images(16)[first : first + n] // 255)), split
 
 
 def test_corrupt_files_are_skipped_and_counted_or_fail_when_asked(tmp_path, capsys, tiny_cfg_file):
@@ -186,16 +205,40 @@ def test_same_seed_same_split_other_seed_other_split(tmp_path):
     assert [len(x) for x in split_fractions(10, (0.1, 0.25), 3)] == [1, 2, 7]
 
 
+def test_split_sizes_round_each_fraction():
+    # round(f * n) for each fraction, at least 1: 1.6 -> 2, 2.7 -> 3, 0.04 -> 1; the rest trains
+    assert [len(x) for x in split_fractions(10, (0.16, 0.27), 0)] == [2, 3, 5]
+    assert [len(x) for x in split_fractions(10, (0.004, 0.35), 0)] == [1, 4, 5]  # 3.5 rounds to the even 4
+    parts = split_fractions(10, (0.16, 0.27), 0)
+    assert sorted(torch.cat(parts).tolist()) == list(range(10))  # disjoint, nothing lost
+
+
+def test_val_and_test_fractions_that_differ_give_their_own_split_sizes(tmp_path):
+    # 100 images without a split of their own: test = round(0.3 * 100), val = round(0.1 * 100), train the rest
+    images = numbered_images(100)
+    np.savez(tmp_path / "d.npz", images=images)
+    s = load_splits(cfg_for("npz", tmp_path / "d.npz", image_size=4, fit="none", test_fraction=0.3, val_fraction=0.1))
+    assert {k: len(v) for k, v in s.items()} == {"train": 60, "val": 10, "test": 30}
+    as_sets = {k: {tuple(x.flatten().tolist()) for x in v} for k, v in s.items()}
+    assert set.union(*as_sets.values()) == {tuple(x.flatten().tolist()) for x in images // 255}  # disjoint, all kept
+    # a source with its own test split: val = round(0.25 * 40) of train; data.test_fraction plays no part
+    write_idx(tmp_path / "train-images-idx3-ubyte", numbered_images(40))
+    write_idx(tmp_path / "t10k-images-idx3-ubyte", numbered_images(50)[40:])
+    own = load_splits(cfg_for("idx", tmp_path, image_size=4, fit="none", test_fraction=0.3, val_fraction=0.25))
+    assert {k: len(v) for k, v in own.items()} == {"train": 30, "val": 10, "test": 10}
+
+
 # ---- torchvision (never downloads) ----------------------------------------------------------------
 def test_torchvision_mnist_and_emnist_from_files_on_disk(tmp_path):
-    raw = tmp_path / "MNIST" / "raw"
-    raw.mkdir(parents=True)
-    for prefix, n in (("train", 20), ("t10k", 5)):
-        write_idx(raw / f"{prefix}-images-idx3-ubyte", numbered_images(n, 4))
-        write_labels(raw / f"{prefix}-labels-idx1-ubyte", n)
-    s = load_splits(cfg_for("torchvision", tmp_path, name="MNIST", image_size=4, fit="none"))
-    assert [len(s[k]) for k in ("train", "val", "test")] == [18, 2, 5]
-    assert torch.equal(s["test"], torch.from_numpy(numbered_images(5) // 255))
+    for name in ("MNIST", "FashionMNIST", "KMNIST"):  # the same idx files under <root>/<name>/raw
+        raw = tmp_path / name / "raw"
+        raw.mkdir(parents=True)
+        for prefix, n in (("train", 20), ("t10k", 5)):
+            write_idx(raw / f"{prefix}-images-idx3-ubyte", numbered_images(n, 4))
+            write_labels(raw / f"{prefix}-labels-idx1-ubyte", n)
+        s = load_splits(cfg_for("torchvision", tmp_path, name=name, image_size=4, fit="none"))
+        assert [len(s[k]) for k in ("train", "val", "test")] == [18, 2, 5], name
+        assert torch.equal(s["test"], torch.from_numpy(numbered_images(5) // 255)), name
     raw = tmp_path / "EMNIST" / "raw"
     raw.mkdir(parents=True)
     for part, n in (("train", 20), ("test", 5)):

@@ -130,6 +130,6 @@ def fit_baselines(train: torch.Tensor, cfg: Config, ratio: float, seed: int, bat
             for batch in eval_batches(train, cfg, ratio, seed, batch_size):
                 ctx = context_codes(batch.targets, batch.mask, d.grid, c, offsets)  # (B, N)
                 codes.append(ctx.gather(1, batch.ids).flatten())
-                centres.append(batch.targets.gather(1, batch.ids).flatten())
+                centres.append(batch.masked_targets.flatten())
             tables.append(fit_table(torch.cat(codes), torch.cat(centres), c, offsets))
     return Baselines(c, d.grid, int(counts.argmax()), by_pos.argmax(1), tables)

@@ -10,20 +10,27 @@ In a run dir, every checkpoint is `step_<step>.pt`; `last.pt` is a hard link to 
 (made atomically the same way) and only the newest `keep_last` step files are kept.
 
 A checkpoint holding a NaN or inf in its weights or optimizer state is never written, and is
-refused when read (`check_finite_state`), so a diverged run cannot leave one behind for eval or
+refused when read (`first_non_finite`), so a diverged run cannot leave one behind for eval or
 resume. A file that is a vitmask checkpoint but damaged or of another version (missing entries,
-entries of the wrong type) is refused with one line naming the entry (`check_resumable` for
-what a resume needs beyond the model and config).
+entries of the wrong type, a config this version cannot build) is refused with one line naming
+the entry (`check_resumable` for what a resume needs beyond the model and config).
+
+Every command that needs a checkpoint's model goes through `load_model`: read the file
+(`load_checkpoint`), build its config, build the model, and load the weights with
+`load_model_state` (compile prefix stripped, every key and shape checked). Resuming a run loads
+the same way into the trainer's model (`Trainer.load_state_dict`).
 """
 
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
+from vitmask.config import Config, config_from_dict
 from vitmask.errors import UserError
+from vitmask.model import MaskedPatchViT, build_model
 from vitmask.outputs import os_error_in, write_atomically, write_error
 
 FORMAT = "vitmask-checkpoint/1"
@@ -227,3 +234,76 @@ def describe_load_failure(e: BaseException, path: str | Path) -> UserError:
     os_err = os_error_in(e)
     why = str(os_err or e).strip().splitlines()[0][:160] if str(os_err or e).strip() else e.__class__.__name__
     return UserError(f"checkpoint {path} is damaged or from another version ({why}); {OTHER_CHECKPOINT}")
+
+
+def check_model_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Raise a UserError naming the keys where `state` does not fit `model`."""
+    own = model.state_dict()
+    missing = [k for k in own if k not in state]
+    unexpected = [k for k in state if k not in own]
+    shapes = [
+        f"{k} {tuple(state[k].shape)} vs {tuple(v.shape)}"
+        for k, v in own.items()
+        if k in state and state[k].shape != v.shape
+    ]
+    if missing or unexpected or shapes:
+        parts = []
+        if shapes:
+            parts.append("shape mismatch: " + "; ".join(shapes[:4]))
+        if missing:
+            parts.append("missing: " + ", ".join(missing[:4]))
+        if unexpected:
+            parts.append("unexpected: " + ", ".join(unexpected[:4]))
+        raise UserError(
+            "checkpoint does not fit this model (" + " | ".join(parts) + "); resume with the config it was trained with"
+        )
+
+
+def load_model_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Load a checkpoint's model state dict into `model`: compile prefix stripped, checked to fit."""
+    state = plain_state_dict(state)
+    check_model_state(model, state)
+    model.load_state_dict(state)
+
+
+def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    """Load a checkpoint's optimizer state, or raise a UserError when it does not fit this run."""
+    try:
+        optimizer.load_state_dict(state)
+    except (ValueError, KeyError) as e:
+        raise UserError(
+            f"the checkpoint's optimizer state does not fit this run ({e}); resume with the config it was trained with"
+        ) from None
+
+
+def checkpoint_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """The config a checkpoint was trained with, `overrides` applied (no model is built)."""
+    return config_of(load_checkpoint(path), path, overrides)
+
+
+def config_of(state: dict[str, Any], path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """The config of a checkpoint already read, `overrides` applied; a stored config this version
+    cannot build (an unknown key, a value out of range) is one line naming the file."""
+    try:
+        config_from_dict(state["config"])
+    except UserError as e:
+        raise UserError(f"checkpoint {path} holds a config this version cannot use ({e})") from None
+    return config_from_dict(state["config"], overrides)
+
+
+class LoadedModel(NamedTuple):
+    model: MaskedPatchViT  # in eval mode, on the device asked for
+    config: Config
+    state: dict[str, Any]  # the whole checkpoint, as read
+
+
+def load_model(path: str | Path, device: torch.device | str = "cpu") -> LoadedModel:
+    """The model of a checkpoint file, with its config and the raw checkpoint, ready to predict."""
+    state = load_checkpoint(path)
+    cfg = config_of(state, path)
+    model = build_model(cfg)
+    try:
+        load_model_state(model, state["model"])
+    except (RuntimeError, TypeError, ValueError) as e:  # entries of the right shape but not loadable
+        raise describe_load_failure(e, path) from None
+    return LoadedModel(model.to(device).eval(), cfg, state)

@@ -28,7 +28,7 @@ from vitmask import entry, runner
 from vitmask.config import dump_config
 from vitmask.errors import Stopped, UserError
 from vitmask.outputs import reason
-from vitmask.train import Interrupted
+from vitmask.signals import Interrupted
 
 app = typer.Typer(
     add_completion=False,

@@ -105,12 +105,6 @@ class DataConfig:
             "data.image_size",
             f"({self.image_size}) must be divisible by data.patch_size ({self.patch_size})",
         )
-        _check(
-            self.image_size >= 2 * self.patch_size,
-            "data.image_size",
-            f"({self.image_size}) must hold at least 2 patches of data.patch_size ({self.patch_size}) a side: "
-            "one to mask and one to see",
-        )
         _check(self.batch_size >= 1, "data.batch_size", "must be >= 1")
         for k in ("num_train", "num_val", "num_test"):
             _check(getattr(self, k) >= 1, f"data.{k}", "must be >= 1")
@@ -281,6 +275,13 @@ class Config:
 
     def __post_init__(self) -> None:
         check_seed(self.seed, "config: seed")
+        d = self.data
+        _check(
+            d.num_patches >= 2,
+            "data.image_size",
+            f"({d.image_size}) must hold at least 2 patches of data.patch_size ({d.patch_size}): "
+            "one to mask and one to see",
+        )
         _check(
             bool(self.name) and self.name not in (".", "..") and not any(c in self.name for c in "/\\\x00"),
             "name",

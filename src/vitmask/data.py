@@ -33,6 +33,18 @@ class Batch:
     mask: torch.Tensor  # (B, N) bool, True = masked
     ids: torch.Tensor  # (B, M) int64 indices of the masked patches
 
+    @property
+    def masked_targets(self) -> torch.Tensor:
+        """(B, M) int64 true classes of the masked patches, in the order of `ids`."""
+        return self.targets.gather(1, self.ids)  # (B, M)
+
+    def split(self, parts: int) -> list["Batch"]:
+        """`parts` equal micro-batches along B (views, no copy)."""
+        if parts == 1:
+            return [self]
+        fields = (self.patches, self.targets, self.mask, self.ids)
+        return [Batch(*chunk) for chunk in zip(*(f.chunk(parts) for f in fields), strict=True)]
+
 
 def make_batch(images: torch.Tensor, patch_size: int, ids: torch.Tensor, mask: torch.Tensor) -> Batch:
     """images (B, H, W) uint8 plus a mask -> a Batch, on the images' device."""

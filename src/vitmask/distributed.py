@@ -52,6 +52,14 @@ def init(device: torch.device) -> tuple[World, torch.device]:
     return world, device
 
 
+def data_parallel(model: torch.nn.Module, device: torch.device, world: World):
+    """`model` in DistributedDataParallel when the world has several processes, else None."""
+    if not world.distributed:
+        return None
+    ids = [device.index] if device.type == "cuda" else None
+    return torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
+
+
 def check_batch(global_batch: int, accum_steps: int, world: World) -> None:
     if global_batch % (world.size * accum_steps):
         raise UserError(
@@ -64,6 +72,13 @@ def all_max(t: torch.Tensor, world: World) -> torch.Tensor:
     """Elementwise max of `t` over ranks, in place (a no-op in a world of one)."""
     if world.distributed:
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t
+
+
+def all_sum(t: torch.Tensor, world: World) -> torch.Tensor:
+    """Elementwise sum of `t` over ranks, in place (a no-op in a world of one)."""
+    if world.distributed:
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return t
 
 

@@ -1,9 +1,10 @@
 """Scoring a model, and the baselines beside it, on masked patches.
 
-Every predictor (the model, each baseline) gets a `Tally`: counts kept as tensors on the device
-while the split streams through in batches, read back once at the end. From them come the
-accuracy on all masked patches, on non-empty ones (true class not 0, the empty patch), the bit
-(pixel) accuracy, the per-class accuracy and the most frequent confusions.
+Every predictor (the model, each baseline) gets a `MaskedPatchMetrics` (metrics.py): sums kept on
+the device while the split streams through in batches, read back once at the end. From them come
+the loss, the accuracy on all masked patches, on non-empty ones (true class not 0, the empty
+patch), the bit (pixel) accuracy, and for the model the per-class accuracy and the most frequent
+confusions.
 
 Shapes: B batch, N patches, M masked patches per image, C token classes.
 """
@@ -15,76 +16,14 @@ from tqdm import tqdm
 from vitmask.baselines import LABELS, NAMES, Baselines, fit_baselines
 from vitmask.config import Config
 from vitmask.data import eval_batches
-from vitmask.patches import classes_to_patches, patches_to_classes, patchify
-
-MAX_CONFUSION_CLASSES = 1024  # a dense C x C confusion matrix is kept up to this many classes
-TOP_CONFUSIONS = 5
+from vitmask.metrics import SCALARS, MaskedPatchMetrics
+from vitmask.patches import patch_label, patches_to_classes, patchify
 
 
 def class_counts(images: torch.Tensor, patch_size: int, num_classes: int) -> torch.Tensor:
     """(C,) int64 count of each token class over every patch of `images` (n, H, W)."""
     classes = patches_to_classes(patchify(images, patch_size))  # (n, N)
     return torch.bincount(classes.flatten(), minlength=num_classes)
-
-
-class Tally:
-    """The counts behind the accuracy metrics of one predictor, as device tensors (no host sync)."""
-
-    def __init__(self, num_classes: int, device: torch.device):
-        c = num_classes
-        self.num_classes = c
-        self.popcount = classes_to_patches(torch.arange(c, device=device), c.bit_length() - 1).sum(-1).long()  # (C,)
-        z = lambda *s: torch.zeros(*s, dtype=torch.long, device=device)  # noqa: E731
-        self.count, self.correct, self.nonempty, self.nonempty_correct, self.wrong_bits = (z(()) for _ in range(5))
-        self.class_total, self.class_correct = z(c), z(c + 1)  # the last slot of class_correct takes misses
-        self.confusion = z(c * c) if c <= MAX_CONFUSION_CLASSES else None  # (C * C,) true * C + pred
-
-    def add(self, pred: torch.Tensor, targets: torch.Tensor) -> None:
-        """pred, targets (B, M) int64 classes of the masked patches."""
-        pred, targets = pred.flatten(), targets.flatten()
-        hit = pred == targets
-        filled = targets != 0
-        self.count += targets.numel()
-        self.correct += hit.sum()
-        self.nonempty += filled.sum()
-        self.nonempty_correct += (hit & filled).sum()
-        self.wrong_bits += self.popcount[pred ^ targets].sum()
-        self.class_total.scatter_add_(0, targets, torch.ones_like(targets))
-        self.class_correct.scatter_add_(0, torch.where(hit, targets, self.num_classes), torch.ones_like(targets))
-        if self.confusion is not None:
-            self.confusion.scatter_add_(0, targets * self.num_classes + pred, torch.ones_like(targets))
-
-    def summary(self) -> dict[str, float]:
-        count, nonempty = int(self.count), int(self.nonempty)
-        bits = count * (self.num_classes.bit_length() - 1)
-        return {
-            "acc": int(self.correct) / count if count else float("nan"),
-            "acc_nonempty": int(self.nonempty_correct) / nonempty if nonempty else float("nan"),
-            "bit_acc": 1.0 - int(self.wrong_bits) / bits if bits else float("nan"),
-        }
-
-    def per_class(self) -> list[dict]:
-        """One row per class that occurs among the masked patches: class, patches, acc."""
-        total, correct = self.class_total.tolist(), self.class_correct[:-1].tolist()
-        return [
-            {"class": c, "patches": t, "acc": k / t} for c, (t, k) in enumerate(zip(total, correct, strict=True)) if t
-        ]
-
-    def confusions(self, top: int = TOP_CONFUSIONS) -> list[dict]:
-        """The `top` most frequent (true, predicted) pairs with true != predicted; share = of the true class."""
-        if self.confusion is None:
-            return []
-        c = self.num_classes
-        off = self.confusion.view(c, c).clone()
-        off.fill_diagonal_(0)
-        counts, flat = off.flatten().topk(min(top, c * c))
-        total = self.class_total.tolist()
-        rows = []
-        for n, i in zip(counts.tolist(), flat.tolist(), strict=True):
-            if n:
-                t, p = divmod(i, c)
-                rows.append({"true": t, "pred": p, "patches": n, "share": n / total[t]})
-        return rows
 
 
 @torch.inference_mode()
@@ -112,10 +51,9 @@ def evaluate(
     model.eval()
     dev = images.device
     c = cfg.data.num_classes
-    loss_sum = torch.zeros((), device=dev, dtype=torch.float64)
-    majority = torch.zeros((), device=dev, dtype=torch.long)
-    tally = Tally(c, dev)
-    others = {name: Tally(c, dev) for name in NAMES} if baselines is not None else {}
+    scores = MaskedPatchMetrics(c, dev, by_class=True)
+    majority = MaskedPatchMetrics(c, dev)
+    others = {name: MaskedPatchMetrics(c, dev) for name in NAMES} if baselines is not None else {}
     batches = eval_batches(images, cfg, ratio, seed, batch_size)
     total = -(-len(images) // batch_size)
     if max_batches:
@@ -125,26 +63,26 @@ def evaluate(
         if max_batches and i >= max_batches:
             break
         logits = model(batch.patches, batch.mask, batch.ids).float()  # (B, M, C)
-        targets = batch.targets.gather(1, batch.ids)  # (B, M)
-        loss_sum += F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="sum")
-        tally.add(logits.argmax(-1), targets)
-        majority += (targets == majority_class).sum()
+        targets = batch.masked_targets  # (B, M)
+        loss_sum = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="sum")
+        scores.add(logits.argmax(-1), targets, loss_sum)
+        majority.add(torch.full_like(targets, majority_class), targets)
         if baselines is not None:
             for name, guess in baselines.predict(batch.targets, batch.mask, batch.ids).items():
                 others[name].add(guess, targets)
     model.train(was_training)
-    count, n_nonempty = int(tally.count), int(tally.nonempty)
+    model_metrics = scores.read()
     out = {
-        "loss": float(loss_sum) / count,
-        **tally.summary(),
-        "majority_acc": int(majority) / count,
-        "masked_patches": count,
-        "nonempty_patches": n_nonempty,
-        "per_class": tally.per_class(),
-        "confusions": tally.confusions(),
+        **{k: model_metrics[k] for k in SCALARS},
+        "majority_acc": majority.read()["acc"],
+        "masked_patches": model_metrics["masked_patches"],
+        "nonempty_patches": model_metrics["nonempty_patches"],
+        "per_class": scores.per_class(),
+        "confusions": scores.confusions(),
     }
-    if baselines is not None:
-        out["baselines"] = {name: t.summary() for name, t in others.items() if int(t.count)}
+    if baselines is not None:  # acc, acc_nonempty, bit_acc: the scalars but the loss
+        read = {name: b.read() for name, b in others.items() if b.patches}
+        out["baselines"] = {name: {k: v for k, v in r.items() if k in SCALARS} for name, r in read.items()}
     return out
 
 
@@ -168,12 +106,6 @@ def evaluate_split(
         m = evaluate(model, images, cfg, ratio, seed, base.majority, progress=progress, baselines=base)
         results.append({"mask_ratio": ratio, **m})
     return results
-
-
-def patch_label(cls: int, patch_size: int) -> str:
-    """A class as its pixel rows, e.g. 9 -> '10/01' for 2x2 patches."""
-    bits = "".join(map(str, classes_to_patches(torch.tensor(cls), patch_size**2).tolist()))
-    return "/".join(bits[i : i + patch_size] for i in range(0, len(bits), patch_size))
 
 
 def format_report(report: dict) -> str:

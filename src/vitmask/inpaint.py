@@ -20,6 +20,7 @@ import torch
 
 from vitmask.config import DataConfig
 from vitmask.errors import UserError
+from vitmask.metrics import MaskedPatchMetrics
 from vitmask.patches import classes_to_patches, patches_to_classes, patchify
 from vitmask.preprocess import fit_images
 
@@ -117,17 +118,14 @@ def fill_accuracy(
 ) -> dict[str, float]:
     """Fill `images` (n, H, W) under `mask` (n, N) (the same count per row) and score the fill.
 
-    Returns acc (masked patches given their true class) and acc_nonempty (the same over masked
-    patches whose true class is not 0).
+    Returns the masked-patch metrics of the fill (metrics.py): acc (masked patches given their true
+    class), acc_nonempty (the same over masked patches whose true class is not 0), bit_acc and the
+    counts behind them.
     """
-    hit = nonempty = nonempty_hit = 0
+    scores = MaskedPatchMetrics(2 ** (patch_size**2), images.device)
     for start in range(0, len(images), batch_size):
         chunk, m = images[start : start + batch_size], mask[start : start + batch_size]  # (B, H, W), (B, N)
         truth = patches_to_classes(patchify(chunk, patch_size))  # (B, N)
-        right = (fill(model, chunk, m, patch_size, steps) == truth) & m  # (B, N)
-        filled = (truth != 0) & m
-        hit += int(right.sum())
-        nonempty += int(filled.sum())
-        nonempty_hit += int((right & filled).sum())
-    total = int(mask.sum())
-    return {"acc": hit / total, "acc_nonempty": nonempty_hit / nonempty if nonempty else float("nan")}
+        guess = fill(model, chunk, m, patch_size, steps)  # (B, N)
+        scores.add(guess[m], truth[m])  # (K,) the masked patches
+    return scores.read()

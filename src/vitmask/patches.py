@@ -51,3 +51,14 @@ def classes_to_patches(classes: torch.Tensor, num_bits: int) -> torch.Tensor:
     """(...) int64 class ids -> (..., P) uint8 pixels; the inverse of `patches_to_classes`."""
     w = bit_weights(num_bits, classes.device)
     return ((classes.unsqueeze(-1) // w) % 2).to(torch.uint8)
+
+
+def patch_mask_to_pixels(mask: torch.Tensor, p: int) -> torch.Tensor:
+    """(B, N) bool patch mask -> (B, H, W) bool pixel mask: every pixel of a masked patch is True."""
+    return unpatchify(mask.unsqueeze(-1).expand(-1, -1, p * p), p)  # (B, H, W)
+
+
+def patch_label(cls: int, p: int) -> str:
+    """A class as its pixel rows, e.g. class 9 of a 2x2 patch -> '10/01'."""
+    bits = "".join(map(str, classes_to_patches(torch.tensor(cls), p * p).tolist()))
+    return "/".join(bits[i : i + p] for i in range(0, len(bits), p))

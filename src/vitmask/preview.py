@@ -19,7 +19,7 @@ from vitmask.errors import UserError
 from vitmask.evaluate import class_counts
 from vitmask.masking import num_masked
 from vitmask.outputs import write_atomically
-from vitmask.patches import classes_to_patches, unpatchify
+from vitmask.patches import patch_label, patch_mask_to_pixels
 
 MASK_TINT = torch.tensor([0.2, 0.45, 1.0])  # masked patches: the pixel's gray level blended with this
 PAD = 2  # pixels between grid cells (make_grid's padding)
@@ -39,12 +39,6 @@ def dataset_stats(splits: dict[str, torch.Tensor], cfg: Config, top: int = 5) ->
     }
 
 
-def class_pattern(c: int, patch_size: int) -> str:
-    """A patch class as its pixel rows, e.g. class 9 of a 2x2 patch -> '10/01'."""
-    bits = classes_to_patches(torch.tensor(c), patch_size**2).tolist()
-    return "/".join("".join(map(str, bits[i : i + patch_size])) for i in range(0, len(bits), patch_size))
-
-
 def format_stats(stats: dict, cfg: Config) -> str:
     d, m = cfg.data, cfg.mask
     n_mask = num_masked(d.num_patches, m.ratio)
@@ -59,7 +53,7 @@ def format_stats(stats: dict, cfg: Config) -> str:
     for k in SPLITS:
         lines.append(f"{k:<6} {stats['images'][k]:>8,}  {stats['foreground'][k]:.4f}")
     lines.append(f"empty patches (train) {stats['empty_patch_share']:.4f}")
-    top = ", ".join(f"{c} [{class_pattern(c, d.patch_size)}] {s:.4f}" for c, s in stats["top_classes"])
+    top = ", ".join(f"{c} [{patch_label(c, d.patch_size)}] {s:.4f}" for c, s in stats["top_classes"])
     lines.append(f"most common patch classes (train): {top}")
     return "\n".join(lines)
 
@@ -70,8 +64,8 @@ def preview_grid(images: torch.Tensor, cfg: Config, seed: int, per_row: int = 8,
     p = cfg.data.patch_size
     batch = next(eval_batches(images, cfg, cfg.mask.ratio, seed, len(images)))
     gray = images.float().unsqueeze(1).expand(-1, 3, -1, -1)  # (B, 3, H, W)
-    pix_mask = unpatchify(batch.mask.unsqueeze(-1).expand(-1, -1, p * p).float(), p)  # (B, H, W)
-    masked = torch.where(pix_mask.unsqueeze(1) > 0, 0.45 * gray + 0.55 * MASK_TINT.view(1, 3, 1, 1), gray)
+    pix_mask = patch_mask_to_pixels(batch.mask, p)  # (B, H, W)
+    masked = torch.where(pix_mask.unsqueeze(1), 0.45 * gray + 0.55 * MASK_TINT.view(1, 3, 1, 1), gray)
     rows = []
     for start in range(0, len(images), per_row):
         rows += [gray[start : start + per_row], masked[start : start + per_row]]

@@ -2,9 +2,8 @@
 
 Rows, one column per image: the original; the masked input (hidden patches grey); the prediction
 with the visible patches kept; the errors: pixels of masked patches predicted wrongly in red
-(a missing foreground pixel) or orange (a spurious one), masked patches tinted blue.
-`comparison_grid` repeats the last two rows for each of several predictions (one-shot vs
-iterative inpainting).
+(a missing foreground pixel) or orange (a spurious one), masked patches tinted blue. Given several
+predictions (one-shot vs iterative inpainting), the last two rows repeat for each.
 
 Shapes: B images, H = W side, N patches, P pixels per patch.
 """
@@ -12,14 +11,14 @@ Shapes: B images, H = W side, N patches, P pixels per patch.
 import torch
 from torchvision.utils import make_grid, save_image
 
-from vitmask.patches import classes_to_patches, patchify, unpatchify
+from vitmask.patches import classes_to_patches, patch_mask_to_pixels, patchify, unpatchify
 
 RED = torch.tensor([1.0, 0.1, 0.1])
 ORANGE = torch.tensor([1.0, 0.6, 0.0])
 BLUE_TINT = torch.tensor([0.0, 0.0, 0.35])
 
 
-def fill_predictions(images: torch.Tensor, mask: torch.Tensor, pred: torch.Tensor, patch_size: int) -> torch.Tensor:
+def paste_predictions(images: torch.Tensor, mask: torch.Tensor, pred: torch.Tensor, patch_size: int) -> torch.Tensor:
     """images (B, H, W) 0/1, mask (B, N), pred (B, N) classes -> (B, H, W) uint8 with the masked
     patches replaced by the predicted ones and the visible patches kept."""
     pix = patchify(images, patch_size)  # (B, N, P)
@@ -27,17 +26,21 @@ def fill_predictions(images: torch.Tensor, mask: torch.Tensor, pred: torch.Tenso
     return unpatchify(torch.where(mask.unsqueeze(-1), guess, pix), patch_size)  # (B, H, W)
 
 
-def _rows(images: torch.Tensor, mask: torch.Tensor, preds: list[torch.Tensor], patch_size: int) -> list[torch.Tensor]:
-    """The original, the masked input, then a filled row and an error row per prediction in `preds`,
-    each (B, 3, H, W) float in [0, 1]."""
+def reconstruction_grid(
+    images: torch.Tensor, mask: torch.Tensor, preds: torch.Tensor | list[torch.Tensor], patch_size: int
+) -> torch.Tensor:
+    """images (B, H, W) 0/1, mask (B, N), preds one (B, N) tensor of classes or a list of them ->
+    (3, H', W') float image in [0, 1], one column per image: the original, the masked input, then a
+    prediction row and an error row for each prediction."""
+    preds = [preds] if isinstance(preds, torch.Tensor) else preds
     images, mask = images.detach().cpu(), mask.detach().cpu()
     orig = images.float()  # (B, H, W)
-    pix_mask = unpatchify(mask.unsqueeze(-1).expand(-1, -1, patch_size**2).to(torch.uint8), patch_size).bool()
+    pix_mask = patch_mask_to_pixels(mask, patch_size)  # (B, H, W) bool
     masked_in = torch.where(pix_mask, torch.full_like(orig, 0.5), orig)
     rgb = lambda g: g.unsqueeze(1).expand(-1, 3, -1, -1)  # noqa: E731 - (B, H, W) -> (B, 3, H, W)
     rows = [rgb(orig), rgb(masked_in)]
     for pred in preds:
-        filled = fill_predictions(images, mask, pred.detach().cpu(), patch_size).float()  # (B, H, W)
+        filled = paste_predictions(images, mask, pred.detach().cpu(), patch_size).float()  # (B, H, W)
         err = rgb(filled).clone()
         err += pix_mask.unsqueeze(1).float() * BLUE_TINT.view(1, 3, 1, 1)
         missing = (filled < orig).unsqueeze(1)  # (B, 1, H, W)
@@ -45,20 +48,7 @@ def _rows(images: torch.Tensor, mask: torch.Tensor, preds: list[torch.Tensor], p
         err = torch.where(missing, RED.view(1, 3, 1, 1), err)
         err = torch.where(spurious, ORANGE.view(1, 3, 1, 1), err).clamp(0, 1)
         rows += [rgb(filled), err]
-    return rows
-
-
-def reconstruction_grid(images: torch.Tensor, mask: torch.Tensor, pred: torch.Tensor, patch_size: int) -> torch.Tensor:
-    """(3, H', W') float image in [0, 1] of the four rows described above."""
-    return make_grid(torch.cat(_rows(images, mask, [pred], patch_size)), nrow=len(images), padding=2, pad_value=0.3)
-
-
-def comparison_grid(
-    images: torch.Tensor, mask: torch.Tensor, preds: list[torch.Tensor], patch_size: int
-) -> torch.Tensor:
-    """Like `reconstruction_grid`, with a prediction row and an error row for each of several `preds`
-    (B, N), e.g. one-shot then iterative filling: (3, H', W') float image in [0, 1]."""
-    return make_grid(torch.cat(_rows(images, mask, preds, patch_size)), nrow=len(images), padding=2, pad_value=0.3)
+    return make_grid(torch.cat(rows), nrow=len(images), padding=2, pad_value=0.3)
 
 
 def save_binary_image(image: torch.Tensor, path, scale: int = 1) -> None:

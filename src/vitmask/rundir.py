@@ -44,8 +44,8 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from vitmask.checkpoint import check_resumable, load_checkpoint, remove_stale_temps, step_files
-from vitmask.config import Config, config_from_dict, load_config
+from vitmask.checkpoint import check_resumable, config_of, load_checkpoint, remove_stale_temps, step_files
+from vitmask.config import Config, load_config
 from vitmask.errors import UserError
 from vitmask.outputs import WriteError, os_error_in, reason, write_error
 
@@ -177,16 +177,6 @@ def _flat(cfg: Config) -> dict:
     return out
 
 
-def checkpoint_config(state: dict, path: Path, overrides: list[str] = ()) -> Config:
-    """The config a checkpoint was trained with (plus overrides), or a one-line error naming the file."""
-    try:
-        return config_from_dict(state["config"], overrides)
-    except UserError as e:
-        if any(o.partition("=")[0].strip() in str(e) for o in overrides):
-            raise
-        raise UserError(f"checkpoint {path} holds a config this version cannot use ({e})") from None
-
-
 def reconcile(trained: Config, asked: Config) -> list[str]:
     """The RESUMABLE changes from `trained` to `asked`; any other difference is refused."""
     old, new = _flat(trained), _flat(asked)
@@ -227,8 +217,8 @@ def resolve(config: Path | None, overrides: list[str], run_dir: Path | None, res
             raise UserError(f"no config given{where}; pass --config PATH (for example configs/default.yaml)")
         cfg = load_config(config, overrides)
         return Resolved(Path(run_dir) if run_dir else Path("runs") / cfg.name, cfg, None, None, new_run_id(), [])
-    trained = checkpoint_config(state, source)
-    asked = load_config(config, overrides) if config is not None else checkpoint_config(state, source, overrides)
+    trained = config_of(state, source)
+    asked = load_config(config, overrides) if config is not None else config_of(state, source, overrides)
     changes = reconcile(trained, asked)
     if asked.train.max_steps < state["step"]:
         raise UserError(

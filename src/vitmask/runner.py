@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from vitmask import distributed, rundir
-from vitmask.checkpoint import describe_load_failure, load_checkpoint
+from vitmask.checkpoint import checkpoint_config, describe_load_failure, load_model
 from vitmask.config import Config, check_seed, config_from_dict, dump_config, load_config
 from vitmask.data import SPLITS, eval_batches, load_splits
 from vitmask.errors import UserError
@@ -19,12 +19,13 @@ from vitmask.evaluate import evaluate_split
 from vitmask.inpaint import boxes_to_mask, check_patch_mask, fill, mask_image_to_pixels, parse_box, pixels_to_patches
 from vitmask.memory import check_fits, check_model_fits, is_out_of_memory, out_of_memory
 from vitmask.metrics_log import TensorBoardLogger
-from vitmask.model import MaskedPatchViT, build_model
+from vitmask.model import build_model
 from vitmask.outputs import check_out_file, reason, write_atomically, write_text
+from vitmask.params import ParamRow, param_rows
 from vitmask.preprocess import binarize_images, load_image_file
-from vitmask.render import fill_predictions, reconstruction_grid, save_binary_image, save_grid
+from vitmask.render import paste_predictions, reconstruction_grid, save_binary_image, save_grid
 from vitmask.runtime import resolve_device
-from vitmask.train import Trainer, check_model_state
+from vitmask.train import Trainer
 
 MAX_GRID_IMAGES = 256  # images in one reconstruct or preview PNG: beyond, the grid alone takes gigabytes
 
@@ -136,20 +137,6 @@ def _restore(trainer: Trainer, plan: rundir.Resolved) -> None:
         print(f"starting a new run in {plan.run_dir} from {plan.source} (step {trainer.step}){changed}", flush=True)
 
 
-def load_model(path: Path, device: torch.device) -> tuple[MaskedPatchViT, Config, dict]:
-    """The model of a checkpoint, in eval mode on `device`, with its config and the raw state."""
-    state = load_checkpoint(path)
-    cfg = rundir.checkpoint_config(state, path)
-    check_fits(cfg, device, training=False)
-    model = build_model(cfg)
-    check_model_state(model, state["model"])
-    try:
-        model.load_state_dict(state["model"])
-    except (RuntimeError, TypeError, ValueError) as e:
-        raise describe_load_failure(e, path) from None
-    return model.to(device).eval(), cfg, state
-
-
 def check_ratio(ratio: float) -> None:
     if not 0.0 < ratio < 1.0:
         raise UserError(f"--mask-ratio must be strictly between 0 and 1, got {ratio}")
@@ -172,7 +159,8 @@ def evaluate_checkpoint(
         check_ratio(r)
     device = resolve_device(device_name)
     model, cfg, _ = load_model(path, device)
-    splits = load_splits(cfg)
+    check_fits(cfg, device, training=False)
+    splits = load_data(cfg, device)
     images = splits[split].to(device)
     results = evaluate_split(
         model, cfg, splits["train"].to(device), images, ratios or [cfg.mask.ratio], seed, progress=True
@@ -198,7 +186,8 @@ def reconstruct(path: Path, out: Path, n: int, ratio: float | None, split: str, 
     check_out_file(out, inputs=(path,))
     device = resolve_device(device_name)
     model, cfg, _ = load_model(path, device)
-    images = load_splits(cfg)[split][:n].to(device)
+    check_fits(cfg, device, training=False)
+    images = load_data(cfg, device)[split][:n].to(device)
     ratio = cfg.mask.ratio if ratio is None else ratio
     batch = next(eval_batches(images, cfg, ratio, seed, len(images)))
     with torch.inference_mode():
@@ -237,20 +226,19 @@ def inpaint(
     mask = mask.unsqueeze(0).to(device)  # (1, N)
     picture = picture.to(device)
     classes = fill(model, picture, mask, d.patch_size, steps if iterative else 1)  # (1, N)
-    filled = fill_predictions(picture, mask, classes, d.patch_size)[0]  # (S, S)
+    filled = paste_predictions(picture, mask, classes, d.patch_size)[0]  # (S, S)
     write_atomically(out, lambda f: save_binary_image(filled, f), "--out")
     return {"out": str(out), "filled_patches": int(mask.sum()), "patches": mask.numel(), "image_size": d.image_size}
 
 
-def count_params(config: Path | None, checkpoint: Path | None, overrides: list[str]) -> MaskedPatchViT:
+def count_params(config: Path | None, checkpoint: Path | None, overrides: list[str]) -> list[ParamRow]:
+    """One row per parameter tensor (name, shape, count, the seed's name) of the model a config, or a
+    checkpoint's config, describes, `overrides` applied."""
     if (config is None) == (checkpoint is None):
         raise UserError("count-params needs exactly one of --config PATH or --checkpoint PATH")
-    if checkpoint is not None:
-        cfg = rundir.checkpoint_config(load_checkpoint(checkpoint), checkpoint, overrides)
-    else:
-        cfg = load_config(config, overrides)
+    cfg = checkpoint_config(checkpoint, overrides) if checkpoint is not None else load_config(config, overrides)
     check_model_fits(cfg)
-    return build_model(cfg)
+    return param_rows(build_model(cfg))
 
 
 def preview(config: Path | None, overrides: list[str], out: Path, count: int, seed: int) -> str:

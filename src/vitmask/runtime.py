@@ -1,4 +1,4 @@
-"""Device, precision, compilation and randomness, decided once per process.
+"""Device, precision, compilation and randomness, decided once per process (`prepare_process`).
 
 Precision: fp32 runs as is; bf16 runs the forward pass under `torch.autocast`; fp16 adds a
 `GradScaler` and needs CUDA. On CPU the autocast context is `nullcontext()` for fp32, so no
@@ -15,6 +15,8 @@ import shutil
 import numpy as np
 import torch
 
+from vitmask.config import Config
+from vitmask.distributed import World, check_batch
 from vitmask.errors import UserError
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -139,3 +141,29 @@ def set_rng_state(state: dict) -> None:
         np.random.set_state(("MT19937", state["numpy"].numpy().astype(np.uint32), state["numpy_pos"], 0, 0.0))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def prepare_process(cfg: Config, device: torch.device, world: World) -> None:
+    """Check that a training run can work here, then set the process-wide state it needs before its
+    model is built: glibc keeping freed memory (CPU), deterministic algorithms, every RNG seeded."""
+    t = cfg.train
+    check_precision(t.precision, device)
+    if device.type == "cpu":
+        keep_freed_memory()  # no page faults on every step's activations
+    check_batch(cfg.data.batch_size, t.accum_steps, world)
+    if t.compile:
+        check_compile(device)
+    set_deterministic(t.deterministic)
+    seed_everything(cfg.seed)
+
+
+@contextlib.contextmanager
+def compile_failure_as_user_error():
+    """Around the first compiled step: an error raised while torch.compile builds it becomes a UserError."""
+    try:
+        yield
+    except UserError:
+        raise
+    except Exception as e:  # inductor raises many types when it cannot build a kernel
+        reason = str(e).strip().splitlines()[0][:160] if str(e).strip() else e.__class__.__name__
+        raise UserError(f"torch.compile failed on the first step ({reason}); use --set train.compile=false") from None

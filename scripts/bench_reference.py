@@ -5,6 +5,8 @@ per-sample `Dataset` whose `__getitem__` patchifies and masks one image, batched
 It matches vitmask's default model (pre-norm LayerNorm blocks, fused QKV with bias, output
 projection, GELU or ReLU FFN, learned positions, fill-value masking), so the two compute the same
 function given the same weights, and a speed ratio between them measures the implementation only.
+It lives beside `benchmark.py`, its only user, and imports vitmask from `src/` (the caller puts it
+on the path).
 
 Shapes: B batch, N patches, P pixels per patch, D hidden_dim, M masked patches per image, C classes.
 """

@@ -1,0 +1,78 @@
+"""The benchmark's reference (scripts/bench_reference.py) computes the same function as vitmask's
+model, and its per-sample Dataset builds the same kind of batch as vitmask's sampler."""
+
+import sys
+
+import torch
+
+from tests.conftest import ROOT
+from vitmask.config import Config, DataConfig, MaskConfig, ModelConfig
+from vitmask.model import build_model
+
+sys.path.insert(0, str(ROOT / "scripts"))
+from bench_reference import PerSampleMaskedPatches, ReferenceRun, ReferenceViT  # noqa: E402
+
+FILL = 0.3  # not the default 0.5: a fill value hard-coded anywhere shows
+CFG = Config(
+    data=DataConfig(image_size=8, batch_size=4),
+    mask=MaskConfig(fill=FILL),
+    model=ModelConfig(hidden_dim=16, num_heads=2, depth=2, ffn_dim=32),
+)
+
+
+def copy_into_reference(ours, ref) -> None:
+    with torch.no_grad():
+        ref.embed.load_state_dict(ours.embed.state_dict())
+        ref.pos.copy_(ours.pos)
+        ref.head.load_state_dict(ours.head.state_dict())
+        ref.encoder.norm.load_state_dict(ours.norm.state_dict())
+        for layer, block in zip(ref.encoder.layers, ours.blocks, strict=True):
+            layer.self_attn.in_proj_weight.copy_(block.attn.qkv.weight)
+            layer.self_attn.in_proj_bias.copy_(block.attn.qkv.bias)
+            layer.self_attn.out_proj.load_state_dict(block.attn.proj.state_dict())
+            layer.linear1.load_state_dict(block.ffn.fc1.state_dict())
+            layer.linear2.load_state_dict(block.ffn.fc2.state_dict())
+            layer.norm1.load_state_dict(block.norm1.state_dict())
+            layer.norm2.load_state_dict(block.norm2.state_dict())
+
+
+def test_reference_model_equals_vitmask_model_with_the_same_weights():
+    torch.manual_seed(0)
+    ours, ref = build_model(CFG).eval(), ReferenceViT(CFG).eval()
+    copy_into_reference(ours, ref)
+    assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in ref.parameters())
+    x = torch.randint(0, 2, (3, 16, 4)).float()
+    mask = torch.zeros(3, 16, dtype=torch.bool)
+    mask[:, 3:11] = True
+    ids = torch.arange(3, 11).expand(3, 8)
+    filled = x.clone()
+    filled[:, 3:11, :] = FILL  # the reference's input, masked by hand: patches 3..10 hold the fill value
+    torch.testing.assert_close(ref(filled, ids), ours(x, mask, ids), rtol=1e-5, atol=1e-5)
+
+
+def test_per_sample_dataset_patchifies_and_masks_one_image():
+    images = torch.randint(0, 2, (5, 8, 8), dtype=torch.uint8)
+    item = PerSampleMaskedPatches(images, 2, 0.5, FILL)[2]
+    # image 2 cut by hand into its 16 patches of 2x2, row-major, pixels row by row: class 8a + 4b + 2c + d
+    pix = torch.stack([images[2, r : r + 2, c : c + 2].flatten() for r in range(0, 8, 2) for c in range(0, 8, 2)])
+    classes = pix.long() @ torch.tensor([8, 4, 2, 1])  # (16,)
+    ids = item["ids"]
+    assert ids.shape == (8,) and len(set(ids.tolist())) == 8  # round(0.5 * 16) distinct patches
+    assert torch.equal(item["targets"], classes[ids])
+    masked = torch.zeros(16, dtype=torch.bool)
+    masked[ids] = True
+    assert (item["inputs"][masked] == FILL).all()
+    assert torch.equal(item["inputs"][~masked], pix[~masked].float())
+
+
+def test_reference_run_trains_on_loader_batches():
+    run = ReferenceRun(CFG, torch.randint(0, 2, (6, 8, 8), dtype=torch.uint8), torch.device("cpu"))
+    for _ in range(3):  # 3 batches of 4 from 6 images: the loader wraps around
+        batch = run.sample()
+        assert batch["inputs"].shape == (4, 16, 4) and batch["ids"].shape == (4, 8)
+        before = [p.detach().clone() for p in run.model.parameters()]
+        with torch.no_grad():  # the loss by hand: mean cross-entropy of the masked patches' logits
+            logits = run.model(batch["inputs"], batch["ids"])  # (4, 8, 16)
+            want = -logits.log_softmax(-1).gather(-1, batch["targets"].unsqueeze(-1)).mean()
+        torch.testing.assert_close(run.train_step(batch), want)
+        assert all(not torch.equal(a, b) for a, b in zip(before, run.model.parameters(), strict=True))  # Adam moved all

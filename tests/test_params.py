@@ -1,0 +1,58 @@
+"""`vitmask count-params`: one row per parameter tensor with its shape, count and seed 001 name, then
+the total, counted by hand; from a config or from a checkpoint, and its bad input."""
+
+import torch
+
+from tests.conftest import assert_user_error, write_config
+from tests.test_sources import run_inproc
+from vitmask.config import config_from_dict, load_config
+from vitmask.data import load_splits
+from vitmask.model import build_model
+from vitmask.params import format_table, param_rows
+from vitmask.train import Trainer
+
+
+def test_table_rows_and_total_by_hand():
+    # D = 8, P = 4 pixels, N = 4 patches, F = 16, C = 16 classes, one block
+    cfg = config_from_dict(
+        {
+            "data": {"image_size": 4, "patch_size": 2},
+            "model": {"hidden_dim": 8, "num_heads": 2, "depth": 1, "ffn_dim": 16, "pos": "learned"},
+        }
+    )
+    lines = format_table(param_rows(build_model(cfg))).splitlines()
+    rows = {ln.split()[0]: ln.split(None, 3)[1:] for ln in lines[1:-1]}  # name -> [shape, count, seed name]
+    assert rows["pos"] == ["4x8", "32", "P"]  # N x D
+    assert rows["embed.weight"] == ["8x4", "32", "A_up"]  # D x P
+    assert rows["blocks.0.attn.qkv.weight"] == ["24x8", "192", "W_q, W_k, W_v"]  # 3D x D
+    assert rows["blocks.0.attn.proj.weight"] == ["8x8", "64", "W_O"]
+    assert rows["blocks.0.ffn.fc1.weight"] == ["16x8", "128", "A_1"]  # F x D
+    assert rows["blocks.0.ffn.fc2.bias"] == ["8", "8", "b_2"]
+    assert rows["head.weight"] == ["16x8", "128", "A_down"]  # C x D
+    assert rows["blocks.0.norm1.weight"] == ["8", "8"]  # not in the seed: no name
+    assert len(rows) == 19
+    # pos N D + embed (D P + D) + block [2 norms 4 D, qkv 3 D^2 + 3 D, proj D^2 + D, FFN 2 F D + F + D]
+    # + final norm 2 D + head (C D + C)
+    total = 4 * 8 + (8 * 4 + 8) + (4 * 8 + 3 * 64 + 24 + 64 + 8 + 2 * 16 * 8 + 16 + 8) + 2 * 8 + (16 * 8 + 16)
+    assert lines[-1].split() == ["total", f"{total:,}"] and total == 832
+
+
+def test_count_params_from_a_checkpoint_and_with_overrides(tmp_path, capsys):
+    path = write_config(tmp_path / "c.yaml", {"train": {"max_steps": 1, "checkpoint_every": 1}})
+    cfg = load_config(path)
+    Trainer(cfg, load_splits(cfg), torch.device("cpu")).fit(run_dir=tmp_path, progress=False)
+    res = run_inproc(capsys, "count-params", "--checkpoint", tmp_path / "last.pt")
+    assert res.returncode == 0, res.stderr
+    # TINY: D = 32, 2 blocks, F = 64, N = 64, P = 4, C = 16, learned positions
+    block = 4 * 32 + (3 * 32 * 32 + 3 * 32) + (32 * 32 + 32) + (2 * 64 * 32 + 64 + 32)
+    total = 64 * 32 + (32 * 4 + 32) + 2 * block + 2 * 32 + (16 * 32 + 16)
+    assert res.stdout.splitlines()[-1].split() == ["total", f"{total:,}"] and total == 19_888
+    res = run_inproc(capsys, "count-params", "--checkpoint", tmp_path / "last.pt", "--set", "model.depth=3")
+    assert res.stdout.splitlines()[-1].split() == ["total", f"{total + block:,}"]
+
+
+def test_count_params_needs_exactly_one_source(tmp_path, capsys):
+    path = write_config(tmp_path / "c.yaml")
+    assert_user_error(run_inproc(capsys, "count-params"), "exactly one of --config PATH or --checkpoint PATH")
+    both = run_inproc(capsys, "count-params", "--config", path, "--checkpoint", tmp_path / "x.pt")
+    assert_user_error(both, "exactly one of")
