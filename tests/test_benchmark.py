@@ -18,7 +18,8 @@ def run_bench(*args: str) -> subprocess.CompletedProcess:
 
 def test_benchmark_reports_vitmask_reference_and_variant(tiny_config, tmp_path):
     out = tmp_path / "bench.json"
-    variants = ("--vs", "model.attention=explicit", "--vs", "autocast=bf16")
+    decoder = "model.decoder=cross,mask.fill=learned"  # the encoder-decoder designs are variants like any other
+    variants = ("--vs", "model.attention=explicit", "--vs", "autocast=bf16", "--vs", decoder)
     res = run_bench("--config", tiny_config, "--eval-batches", "1", *variants, "--json", out)
     assert res.returncode == 0, res.stderr
     r = json.loads(out.read_text())
@@ -37,6 +38,10 @@ def test_benchmark_reports_vitmask_reference_and_variant(tiny_config, tmp_path):
         assert math.isclose(r[name]["achieved_gflops"], r[name]["images_per_s"] * r[per_image])
     assert r["variants"]["model.attention=explicit"]["images_per_s"] > 0
     assert r["variants"]["autocast=bf16"]["precision"] == "bf16"  # the trainer's own train.precision
+    assert r["variants"][decoder]["images_per_s"] > 0
+    assert (
+        r["variants"][decoder]["achieved_gflops"] < r["variants"][decoder]["images_per_s"] * r["train_gflop_per_image"]
+    )
     assert "vitmask / reference (train images/s)" in res.stdout
 
 

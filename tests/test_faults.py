@@ -230,7 +230,7 @@ def test_an_early_error_or_signal_leaves_no_files_that_block_the_run_dir(tmp_pat
 
     existing = tmp_path / "existing"
     existing.mkdir()
-    monkeypatch.setattr(runner, "load_splits", stopped)
+    monkeypatch.setattr(runner, "load_labelled_splits", stopped)
     with pytest.raises(Stopped):
         runner.train(cfg, [], existing, None, "cpu")
     assert existing.is_dir() and not list(existing.iterdir())
@@ -478,6 +478,8 @@ def test_cli_numbers_out_of_range_are_one_line(trained, tmp_path, capsys):
         {},
         {"norm": "rmsnorm", "activation": "swiglu", "num_kv_heads": 1, "pos": "rope2d"},
         {"norm": "none", "qkv_bias": False, "out_proj": False, "pos": "sincos2d", "norm_position": "post"},
+        {"decoder": "self", "decoder_depth": 2, "decoder_dim": 16},
+        {"decoder": "cross", "decoder_self_attn": True, "decoder_ffn_dim": 24},
     ],
 )
 def test_the_estimate_counts_the_parameters_torch_builds(model):
@@ -693,7 +695,7 @@ from vitmask.entry import main
 def slow(cfg):
     print("loading", flush=True)
     time.sleep(60)
-runner.load_splits = slow
+runner.load_labelled_splits = slow
 sys.argv = ["vitmask", *sys.argv[1:]]
 main()
 """
@@ -741,4 +743,5 @@ def test_paths_the_file_system_refuses_are_one_line(trained, tmp_path, capsys):
 
 def test_vitmask_without_a_command_names_the_commands(capsys):
     line = user_error(capsys)
-    assert "no command given" in line and "train, eval, reconstruct, inpaint, count-params, config, preview" in line
+    assert "no command given; use one of train, eval, " in line
+    assert all(f" {c.name or c.callback.__name__}" in line for c in cli.app.registered_commands)

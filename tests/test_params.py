@@ -1,11 +1,13 @@
 """`vitmask count-params`: one row per parameter tensor with its shape, count and seed 001 name, then
-the total, counted by hand; from a config or from a checkpoint, and its bad input."""
+the total, counted by hand (for an encoder-decoder model the encoder's and the decoder's totals
+first); from a config or from a checkpoint, and its bad input."""
 
 import torch
 
 from tests.conftest import assert_user_error, write_config
+from tests.test_decoder import DESIGNS, decoder_config
 from tests.test_sources import run_inproc
-from vitmask.config import config_from_dict, load_config
+from vitmask.config import Config, ModelConfig, config_from_dict, load_config
 from vitmask.data import load_splits
 from vitmask.model import build_model
 from vitmask.params import format_table, param_rows
@@ -56,3 +58,23 @@ def test_count_params_needs_exactly_one_source(tmp_path, capsys):
     assert_user_error(run_inproc(capsys, "count-params"), "exactly one of --config PATH or --checkpoint PATH")
     both = run_inproc(capsys, "count-params", "--config", path, "--checkpoint", tmp_path / "x.pt")
     assert_user_error(both, "exactly one of")
+
+
+def test_count_params_shows_encoder_and_decoder_totals():
+    # encoder 32 wide (P = 4, N = 16): embed 4*32+32, pos 16*32, 2 blocks of
+    # LN 64 + QKV 32*96+96 + out 32*32+32 + LN 64 + FFN 32*64+64 + 64*32+32, final LN 64
+    enc_block = 64 + 32 * 96 + 96 + 32 * 32 + 32 + 64 + 32 * 64 + 64 + 64 * 32 + 32
+    encoder = 4 * 32 + 32 + 16 * 32 + 2 * enc_block + 64
+    # decoder 16 wide, FFN 64 * 16 / 32 = 32: embed 32*16+16, mask token 16, pos 16*16, 2 blocks,
+    # final LN 32, head 16*16+16
+    dec_block = 32 + 16 * 48 + 48 + 16 * 16 + 16 + 32 + 16 * 32 + 32 + 32 * 16 + 16
+    decoder = 32 * 16 + 16 + 16 + 16 * 16 + 2 * dec_block + 32 + 16 * 16 + 16
+    for design in DESIGNS[:2]:  # a cross block holds the same matrices: W_q (E, E) and W_k, W_v (2E, E)
+        model = build_model(decoder_config(**design))
+        lines = format_table(param_rows(model)).splitlines()
+        assert lines[-3].split()[-1] == f"{encoder:,}" and lines[-3].startswith("encoder")
+        assert lines[-2].split()[-1] == f"{decoder:,}" and lines[-2].startswith("decoder")
+        assert lines[-1].split()[-1] == f"{encoder + decoder:,}"
+        assert sum(p.numel() for p in model.parameters()) == encoder + decoder
+    single = format_table(param_rows(build_model(Config(model=ModelConfig(hidden_dim=32, num_heads=2)))))
+    assert not any(line.startswith(("encoder", "decoder")) for line in single.splitlines())  # no split without one

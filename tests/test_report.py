@@ -65,6 +65,15 @@ def test_an_evaluation_becomes_val_scalars_the_grid_and_one_line(capsys):
     )
 
 
+def test_an_online_probe_becomes_probe_scalars_and_one_line(capsys):
+    logger = RecordingLogger()
+    r = Reporter(CFG, logger, torch.device("cpu"))
+    r.start(0, progress=False)
+    r.probe(40, {"probe/knn_acc": 0.71875, "probe/linear_acc": 0.65625})
+    assert logger.rows == [(40, {"probe/knn_acc": 0.71875, "probe/linear_acc": 0.65625})]
+    assert capsys.readouterr().out == "step 40/100  probe on val: k-NN acc 0.7188  linear acc 0.6562\n"
+
+
 def test_hparams_are_every_config_key_beside_the_final_metrics():
     logger = ImageLogger()
     Reporter(CFG, logger).hparams(VAL, best_val_loss=0.5, step=100)
@@ -90,6 +99,7 @@ def test_ranks_other_than_0_report_nothing(capsys):
     r.start(0)
     r.train(10, WINDOW, grad_norm=1.0, lr=1e-3, images=8)
     r.validation(10, VAL, grid=lambda: 1 / 0)  # never drawn
+    r.probe(10, {"probe/knn_acc": 0.5, "probe/linear_acc": 0.5})
     r.hparams(VAL, 0.5, 10)
     assert logger.rows == [] and logger.images == [] and logger.hparams == []
     assert capsys.readouterr().out == ""

@@ -89,6 +89,30 @@ def eval_(
 
 
 @app.command()
+def probe(
+    checkpoint: Path = typer.Option(..., "--checkpoint", help="A .pt checkpoint written by vitmask train."),
+    split: str = typer.Option("test", "--split", help="val | test: where the probes are scored."),
+    layer: int = typer.Option(
+        None,
+        "--layer",
+        help="Features from block K's output (1..depth; 0: the embedded patches); default the final normalised tokens.",
+    ),
+    k: int = typer.Option(20, "--k", help="Neighbours that vote in the k-NN probe."),
+    seed: int = typer.Option(
+        0, "--seed", help="Seed of the random-weights floor: the same seed gives the same numbers."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print the same numbers as one JSON object."),
+    device: str = DeviceOpt,
+) -> None:
+    """Linear and k-NN probes on the labels: fitted on train, scored on --split, beside raw pixels,
+    random weights and the majority class."""
+    from vitmask.probe import format_report
+
+    report = runner.probe_checkpoint(checkpoint, split, layer, k, seed, device)
+    print(json.dumps(report) if as_json else format_report(report))
+
+
+@app.command()
 def reconstruct(
     checkpoint: Path = typer.Option(..., "--checkpoint", help="A .pt checkpoint written by vitmask train."),
     out: Path = typer.Option(..., "--out", help="The PNG to write, e.g. recon.png."),
@@ -135,7 +159,7 @@ def count_params(
     checkpoint: Path = typer.Option(None, "--checkpoint", help="Count the model of a checkpoint instead."),
     overrides: list[str] = SetOpt,
 ) -> None:
-    """Print one row per parameter tensor, then the total."""
+    """Print one row per parameter tensor, then the total (with a decoder, the encoder's and the decoder's first)."""
     from vitmask.params import format_table
 
     print(format_table(runner.count_params(config, checkpoint, overrides)))

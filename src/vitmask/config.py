@@ -68,6 +68,7 @@ class DataConfig:
     emnist_split: str = "balanced"  # torchvision EMNIST: byclass | bymerge | balanced | letters | digits | mnist
     download: bool = False  # torchvision: fetch the dataset into path when it is not there
     npz_key: str = "images"  # npz: the archive's key of the image array, (n, H, W) or (n, H, W, C)
+    npz_labels_key: str = "labels"  # npz: the key of the labels array (n,), one class per image; optional
     bad_files: str = "skip"  # folder: unreadable image files are skipped (count on stderr) | fail
     val_fraction: float = 0.1  # share held out for validation (of the train split where a source has one)
     test_fraction: float = 0.1  # share held out for testing, where a source has no test split of its own
@@ -175,6 +176,15 @@ class ModelConfig:
     pos: str = "learned"  # positions: learned (added) | sincos2d (fixed 2D sin-cos, added) | rope2d (2D rotary)
     # auto: SDPA, except on CPU under bf16/fp16 autocast, where the written-out form trains faster
     attention: str = "auto"  # auto | sdpa (F.scaled_dot_product_attention) | explicit (softmax(Q K^T / sqrt(d)) V)
+    # none: one stack over all N tokens (masked ones as mask.fill) | self: MAE, the encoder (the keys above) sees
+    # the visible patches only, a decoder self-attends over them and mask tokens | cross: CrossMAE, mask tokens
+    # at the masked positions cross-attend to the encoder's output (README, Encoder-decoder); needs mask.fill=learned
+    decoder: str = "none"  # none | self (MAE) | cross (CrossMAE): the encoder-decoder design, as above
+    decoder_depth: int = 1  # decoder blocks (self, cross)
+    decoder_dim: int = 0  # decoder width E (the encoder's output is projected to it); 0 = hidden_dim
+    decoder_heads: int = 0  # decoder attention heads (plain multi-head, no grouped K/V); 0 = num_heads
+    decoder_ffn_dim: int = 0  # decoder FFN width; 0 = ffn_dim * decoder width / hidden_dim (the encoder's ratio)
+    decoder_self_attn: bool = False  # cross: in each block the mask queries also self-attend, before cross-attending
 
     @property
     def kv_heads(self) -> int:
@@ -184,6 +194,30 @@ class ModelConfig:
     @property
     def head_dim(self) -> int:
         return self.hidden_dim // self.num_heads
+
+    @property
+    def decoder_width(self) -> int:
+        """The decoder's width E: decoder_dim, or hidden_dim when it is 0."""
+        return self.decoder_dim or self.hidden_dim
+
+    @property
+    def decoder_config(self) -> ModelConfig:
+        """The decoder's blocks as a ModelConfig: its width, heads, FFN and depth, everything else the encoder's."""
+        e = self.decoder_width
+        return dataclasses.replace(
+            self,
+            hidden_dim=e,
+            num_heads=self.decoder_heads or self.num_heads,
+            num_kv_heads=0,
+            ffn_dim=self.decoder_ffn_dim or max(1, self.ffn_dim * e // self.hidden_dim),
+            depth=self.decoder_depth,
+            decoder="none",
+            decoder_depth=1,
+            decoder_dim=0,
+            decoder_heads=0,
+            decoder_ffn_dim=0,
+            decoder_self_attn=False,
+        )
 
     def __post_init__(self) -> None:
         _finite(self, "model.")
@@ -217,6 +251,41 @@ class ModelConfig:
                 f"rope2d needs hidden_dim / num_heads divisible by 4, got {self.head_dim}; change model.num_heads",
             )
         _choice(self.attention, "model.attention", ("auto", "sdpa", "explicit"))
+        self._check_decoder()
+
+    def _check_decoder(self) -> None:
+        _choice(self.decoder, "model.decoder", ("none", "self", "cross"))
+        if self.decoder == "none":
+            for k, default in (("decoder_depth", 1), ("decoder_dim", 0), ("decoder_heads", 0), ("decoder_ffn_dim", 0)):
+                v = getattr(self, k)
+                _check(v == default, f"model.{k}", f"is {v} but model.decoder is none; set model.decoder=self or cross")
+            _check(
+                not self.decoder_self_attn,
+                "model.decoder_self_attn",
+                "applies to model.decoder=cross only; set model.decoder=cross or drop it",
+            )
+            return
+        _check(self.decoder_depth >= 1, "model.decoder_depth", f"must be >= 1 with a decoder, got {self.decoder_depth}")
+        _check(
+            self.decoder_depth <= MAX_DEPTH, "model.decoder_depth", f"must be <= {MAX_DEPTH}, got {self.decoder_depth}"
+        )
+        for k in ("decoder_dim", "decoder_heads", "decoder_ffn_dim"):
+            _check(getattr(self, k) >= 0, f"model.{k}", f"must be >= 0 (0 = the encoder's), got {getattr(self, k)}")
+        e, h = self.decoder_width, self.decoder_heads or self.num_heads
+        _check(e % h == 0, "model.decoder_dim", f"({e}) must be divisible by the decoder's heads ({h})")
+        if self.pos == "sincos2d":
+            _check(e % 4 == 0, "model.decoder_dim", f"({e}) must be divisible by 4 for sincos2d")
+        if self.pos == "rope2d":
+            _check(
+                (e // h) % 4 == 0,
+                "model.decoder_heads",
+                f"rope2d needs the decoder's width / heads divisible by 4, got {e} / {h}; change model.decoder_heads",
+            )
+        _check(
+            not self.decoder_self_attn or self.decoder == "cross",
+            "model.decoder_self_attn",
+            "applies to model.decoder=cross only (the self decoder always self-attends)",
+        )
 
 
 @dataclass(frozen=True)
@@ -241,6 +310,8 @@ class TrainConfig:
     compile: bool = False  # wrap the model in torch.compile
     deterministic: bool = False  # ask torch for deterministic algorithms (slower; exact resume on CPU)
     keep_last: int = 3  # step_*.pt checkpoints kept in the run dir (last.pt and best.pt always kept)
+    probe_every: int = 0  # steps between online probes (k-NN and linear accuracy on val, from labels); 0 = off
+    probe_train_images: int = 2000  # online probe: the first this many train images are what the probes fit
 
     def __post_init__(self) -> None:
         _finite(self, "train.")
@@ -252,6 +323,8 @@ class TrainConfig:
         for k in ("max_steps", "eval_every", "checkpoint_every", "log_every", "accum_steps", "keep_last"):
             _check(getattr(self, k) >= 1, f"train.{k}", "must be >= 1")
         _check(self.eval_batches >= 0, "train.eval_batches", "must be >= 0")
+        _check(self.probe_every >= 0, "train.probe_every", "must be >= 0 (0 = off)")
+        _check(self.probe_train_images >= 1, "train.probe_train_images", "must be >= 1")
         _choice(self.optimizer, "train.optimizer", ("adam", "adamw"))
         _check(0 <= self.weight_decay <= 1, "train.weight_decay", f"must be in [0, 1], got {self.weight_decay}")
         for k in ("beta1", "beta2"):
@@ -293,6 +366,13 @@ class Config:
             f"({self.train.accum_steps}) must divide data.batch_size ({self.data.batch_size}); "
             "pick a divisor or change the batch size",
         )
+        if self.model.decoder != "none":
+            _check(
+                self.mask.fill == "learned",
+                "mask.fill",
+                f"must be 'learned' with model.decoder={self.model.decoder}, got {self.mask.fill!r}: the encoder never "
+                "sees masked patches and the decoder stands a learned mask token in for them; set mask.fill=learned",
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -20,10 +20,26 @@ SPLITS = ("train", "val", "test")
 
 def load_splits(cfg: Config) -> dict[str, torch.Tensor]:
     """The train/val/test images of the configured source, (n, H, W) uint8 in {0, 1}, on the CPU."""
+    return load_labelled_splits(cfg).images
+
+
+@dataclass
+class LabelledSplits:
+    """The images of each split and, where the source has them, their labels (the same images in
+    the same order as `load_splits`: labels never change training)."""
+
+    images: dict[str, torch.Tensor]  # split -> (n, H, W) uint8 in {0, 1}, on the CPU
+    labels: dict[str, torch.Tensor] | None  # split -> (n,) int64 class of each image; None: the source has none
+    no_labels: str = ""  # why labels is None, and how to provide them
+
+
+def load_labelled_splits(cfg: Config) -> LabelledSplits:
+    """The train/val/test images of the configured source with their labels (see sources, shapes)."""
     d = cfg.data
     if d.source == "shapes":
-        return shapes.make_splits(d.num_train, d.num_val, d.num_test, d.image_size, cfg.seed)
-    return sources.load_source_splits(d, cfg.seed)
+        return LabelledSplits(*shapes.make_labelled_splits(d.num_train, d.num_val, d.num_test, d.image_size, cfg.seed))
+    images, labels = sources.load_source_labelled(d, cfg.seed)
+    return LabelledSplits(images, None, labels) if isinstance(labels, str) else LabelledSplits(images, labels)
 
 
 @dataclass

@@ -48,6 +48,16 @@ def mask_to_ids(mask: torch.Tensor) -> torch.Tensor:
     return mask.to(torch.int8).argsort(dim=1, descending=True, stable=True)[:, :m]  # (B, M)
 
 
+def visible_ids(mask: torch.Tensor, num_masked: int) -> torch.Tensor:
+    """mask (B, N) bool, True = masked, exactly `num_masked` per row -> (B, N - M) visible indices, ascending.
+
+    A stable sort of (not masked) puts the visible positions first, in index order; the count comes
+    from the caller (ids.shape[1]), so there is no host sync.
+    """
+    n = mask.shape[1]
+    return (~mask).to(torch.int8).argsort(dim=1, descending=True, stable=True)[:, : n - num_masked]  # (B, V)
+
+
 def apply_fill(patches: torch.Tensor, mask: torch.Tensor, fill: float) -> torch.Tensor:
     """(B, N, P) float pixels, (B, N) mask -> (B, N, P) with masked patches set to `fill`."""
     return patches.masked_fill(mask.unsqueeze(-1), fill)

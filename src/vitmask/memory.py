@@ -5,10 +5,11 @@ an allocation traceback (or the kernel's OOM killer). `check_fits` compares an e
 config alone with the memory free on the device and refuses with the figure and its biggest
 parts. The estimate counts, in bytes:
 
-- weights, gradients and the two Adam moments: 16 per parameter (`param_count`, from the config);
+- weights, gradients and the two Adam moments: 16 per parameter (`param_count`: the model built
+  on the meta device, so nothing is allocated);
 - activations kept for the backward pass, per block: about 8 (B, N, D) tensors and 2 (B, N, F)
-  (3 with swiglu), plus the logits (B, M, C) three times; 4 bytes a value in fp32, 2 under
-  bf16/fp16 autocast;
+  (3 with swiglu), the same for each decoder block at its width, plus the logits (B, M, C) three
+  times; 4 bytes a value in fp32, 2 under bf16/fp16 autocast;
 - attention scores (B, H, N, N), once per block, where the attention is written out (`explicit`,
   or `auto` on CPU under bf16/fp16: see `model.Attention`); SDPA's fused kernels never hold them;
 - evaluation (256 images a batch, no gradients): one block's tensors at a time, scores included
@@ -39,22 +40,13 @@ GiB = 2**30
 
 
 def param_count(cfg: Config) -> int:
-    """Trainable parameters of `build_model(cfg)`, computed from the config (nothing is built)."""
-    m, d = cfg.model, cfg.data
-    dim, ffn, n = m.hidden_dim, m.ffn_dim, d.num_patches
-    kv = m.kv_heads * m.head_dim
-    norm = {"layernorm": 2 * dim, "rmsnorm": dim, "none": 0}[m.norm]
-    attn = dim * (dim + 2 * kv) + (dim + 2 * kv if m.qkv_bias else 0) + (dim * dim + dim if m.out_proj else 0)
-    if m.activation == "swiglu":
-        mlp = dim * 2 * ffn + ffn * dim  # W_1 and W_3 stacked, W_2; no biases
-    else:
-        mlp = dim * ffn + ffn + ffn * dim + dim
-    block = 2 * norm + attn + mlp
-    total = d.patch_dim * dim + dim + m.depth * block + dim * d.num_classes + d.num_classes
-    total += n * dim if m.pos == "learned" else 0
-    total += dim if cfg.mask.fill == "learned" else 0
-    total += norm if m.norm_position == "pre" else 0
-    return total
+    """Trainable parameters of `build_model(cfg)`, counted on the meta device: shapes only, nothing
+    allocated, so a model of any size (and any variant, decoders included) is counted in moments."""
+    from vitmask.model import build_model
+
+    with torch.device("meta"):
+        model = build_model(cfg)
+    return sum(p.numel() for p in model.parameters())
 
 
 def writes_out_attention(cfg: Config, device_type: str) -> bool:
@@ -92,6 +84,9 @@ def estimate(cfg: Config, device_type: str = "cpu", training: bool = True) -> Es
     b = d.batch_size
     ffn_tensors = 3 if m.activation == "swiglu" else 2
     per_block = b * n * (8 * dim + ffn_tensors * ffn) * value
+    if m.decoder != "none":  # its blocks see all N tokens (self) or ask from the M masked ones (cross)
+        dec = m.decoder_config
+        per_block += dec.depth * b * n * (8 * dec.hidden_dim + ffn_tensors * dec.ffn_dim) * value // max(m.depth, 1)
     parts = {
         "weights, gradients and Adam state": (16 if training else 4) * params,
         "activations": m.depth * per_block + 3 * b * masked * c * 4 if training else 0,

@@ -13,6 +13,8 @@ With `mask.fill: learned`, a masked patch's embedded token is instead a trained 
 BEiT and SimMIM, before P is added.
 The variants of seed 002 are config choices: RMSNorm, SwiGLU, grouped-query attention, and 2D
 positions (fixed sin-cos added to the tokens, or rotary applied to queries and keys).
+With `model.decoder: self | cross`, the blocks here are an encoder over the visible patches only
+and a decoder (vitmask.decoder) predicts the masked ones; see `MaskedPatchViT`.
 """
 
 import math
@@ -22,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vitmask.config import Config, ModelConfig
-from vitmask.masking import apply_fill
+from vitmask.masking import apply_fill, mask_to_ids, visible_ids
 
 ROPE_BASE = 100.0  # rotary base: grids are at most 64 patches a side, so 10000 would leave most frequencies unused
 
@@ -60,10 +62,30 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return y.flatten(-2).type_as(x)  # (B, H, N, d)
 
 
+def gather_rope(rope: tuple[torch.Tensor, torch.Tensor], ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Full-grid rotary tables 2 x (N, d/2) -> the rows of each image's tokens, 2 x (B, 1, L, d/2), for ids (B, L)."""
+    return rope[0][ids].unsqueeze(1), rope[1][ids].unsqueeze(1)
+
+
 def gather_tokens(x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """x (B, N, ...) and ids (B, M) -> (B, M, ...): each image's tokens at its own indices."""
     index = ids.view(*ids.shape, *(1,) * (x.dim() - 2)).expand(-1, -1, *x.shape[2:])
     return x.gather(1, index)
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout: float, mode: str) -> torch.Tensor:
+    """softmax(Q K^T / sqrt(d)) V per head: q (B, H, L, d), k and v (B, H, S, d) -> (B, H, L, d).
+
+    mode (ModelConfig.attention): sdpa, explicit (written out), or auto = SDPA except on CPU under
+    bf16/fp16, where the written-out form is used.
+    """
+    if mode == "explicit" or (mode == "auto" and q.device.type == "cpu" and q.dtype != torch.float32):
+        # on CPU in bf16 this beats SDPA's flash kernel 1.5x per training step (its backward is
+        # slow); scaling Q, not the (L, S) scores, is cheaper and keeps torch.compile from
+        # rewriting it back into SDPA (docs/benchmarks.md)
+        a = torch.softmax((q * q.shape[-1] ** -0.5) @ k.transpose(-1, -2), dim=-1)  # (B, H, L, S)
+        return F.dropout(a, dropout) @ v  # (B, H, L, d)
+    return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout)  # (B, H, L, d)
 
 
 def split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
@@ -130,15 +152,7 @@ class Attention(nn.Module):
         if self.num_kv_heads != self.num_heads:
             group = self.num_heads // self.num_kv_heads
             k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # 2 x (B, H, N, d)
-        p = self.dropout if self.training else 0.0
-        if self.mode == "explicit" or (self.mode == "auto" and q.device.type == "cpu" and q.dtype != torch.float32):
-            # on CPU in bf16 this beats SDPA's flash kernel 1.5x per training step (its backward is
-            # slow); scaling Q, not the (N, N) scores, is cheaper and keeps torch.compile from
-            # rewriting it back into SDPA (docs/benchmarks.md)
-            a = torch.softmax((q * q.shape[-1] ** -0.5) @ k.transpose(-1, -2), dim=-1)  # (B, H, N, N)
-            y = F.dropout(a, p) @ v  # (B, H, N, d)
-        else:
-            y = F.scaled_dot_product_attention(q, k, v, dropout_p=p)  # (B, H, N, d)
+        y = attend(q, k, v, self.dropout if self.training else 0.0, self.mode)  # (B, H, N or M, d)
         return self.proj(merge_heads(y))  # (B, N or M, D)
 
 
@@ -206,14 +220,20 @@ class Block(nn.Module):
 
 
 class MaskedPatchViT(nn.Module):
-    """Predicts the class of masked patches from the visible ones."""
+    """Predicts the class of masked patches from the visible ones.
+
+    `model.decoder: none` (the default) is one stack over all N tokens, masked ones standing in as
+    `fill`. With `self` or `cross`, the stack is an encoder over the visible tokens only and a
+    `Decoder` (vitmask.decoder) predicts the masked ones: forward = `forward_encoder` then
+    `forward_decoder`.
+    """
 
     def __init__(self, cfg: ModelConfig, num_patches: int, patch_dim: int, num_classes: int, fill: float | str):
         super().__init__()
         d = cfg.hidden_dim
-        self.fill = fill
+        self.fill = fill if cfg.decoder == "none" else None  # a decoder brings its own mask token
         self.embed = nn.Linear(patch_dim, d)  # A_up, b_up
-        if fill == "learned":
+        if self.fill == "learned":
             self.mask_token = nn.Parameter(torch.zeros(d))  # the embedding of every masked patch
         grid = math.isqrt(num_patches)
         self.pos_kind = cfg.pos
@@ -229,6 +249,12 @@ class MaskedPatchViT(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.depth))
         # a pre-norm stack leaves its residual stream un-normalised: normalise once before the head
         self.norm = make_norm(cfg.norm, d) if cfg.norm_position == "pre" else nn.Identity()
+        self.decoder = None
+        if cfg.decoder != "none":
+            from vitmask.decoder import Decoder  # imported here: vitmask.decoder builds on this module
+
+            self.decoder = Decoder(cfg, num_patches)
+            d = cfg.decoder_width  # the head reads the decoder's features
         self.head = nn.Linear(d, num_classes)  # A_down, b_down
         self.init_weights()
 
@@ -251,14 +277,19 @@ class MaskedPatchViT(nn.Module):
             nn.init.normal_(self.pos, std=0.02)
         if self.fill == "learned":
             nn.init.normal_(self.mask_token, std=0.02)
+        if self.decoder is not None:  # the decoder's positions and mask token, by the same rules
+            self.decoder.init_weights()
 
     def forward(self, patches: torch.Tensor, mask: torch.Tensor, ids: torch.Tensor | None = None) -> torch.Tensor:
         """patches (B, N, P) float pixels, mask (B, N) bool (True = masked), ids (B, M) masked indices.
 
         Returns logits (B, M, C) for the patches in `ids`, or (B, N, C) for every patch if ids is None.
         The masked patches' pixels are replaced by `fill` (or their tokens by the learned mask
-        embedding) here, so callers pass the true pixels.
+        embedding) here, so callers pass the true pixels. With a decoder, the rows of visible
+        patches in the (B, N, C) result are 0: the decoder predicts the masked patches only.
         """
+        if self.decoder is not None:
+            return self.forward_encoder_decoder(patches, mask, ids)
         if self.fill == "learned":
             x = torch.where(mask.unsqueeze(-1), self.mask_token, self.embed(patches))  # (B, N, D)
         else:
@@ -271,6 +302,57 @@ class MaskedPatchViT(nn.Module):
         # the last block computes only the tokens the head reads: the masked ones when ids is given
         x = self.blocks[-1](x, rope, ids)  # (B, M or N, D)
         return self.head(self.norm(x))  # (B, M or N, C)
+
+    # ---- the encoder-decoder designs (model.decoder: self | cross) ---------------------------
+    def forward_encoder(
+        self, patches: torch.Tensor, keep: torch.Tensor | None = None, depth: int | None = None
+    ) -> torch.Tensor:
+        """patches (B, N, P), keep (B, V) the visible patches' indices (None: all N) -> (B, V, D).
+
+        The encoder sees the patches in `keep` only, gathered into a dense tensor; each token gets
+        the position of its own patch (added, or rotated in by rope2d). A pre-norm stack ends in its norm.
+        With `depth` K, the output of block K instead (0: the embedded patches), not normalised.
+        """
+        rope = (self.rope_cos, self.rope_sin) if self.pos_kind == "rope2d" else None
+        if keep is None:
+            x = self.embed(patches)  # (B, N, D)
+            pos = self.pos  # (N, D) or None
+        else:
+            x = self.embed(gather_tokens(patches, keep))  # (B, V, D)
+            pos = None if self.pos is None else self.pos[keep]  # (B, V, D)
+            rope = None if rope is None else gather_rope(rope, keep)  # 2 x (B, 1, V, d/2)
+        if pos is not None:
+            x = x + pos  # (B, V, D)
+        if x.shape[1] > 0:  # every patch masked: no token, nothing to compute
+            for block in self.blocks[:depth]:  # every block, or the first K
+                x = block(x, rope)  # (B, V, D)
+        return self.norm(x) if depth is None else x  # (B, V, D)
+
+    def forward_decoder(self, encoded: torch.Tensor, keep: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """encoded (B, V, D) at the visible positions keep (B, V) -> logits (B, M, C) for the masked ids (B, M)."""
+        return self.head(self.decoder(encoded, keep, ids))  # (B, M, C)
+
+    def forward_encoder_decoder(
+        self, patches: torch.Tensor, mask: torch.Tensor, ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """`forward` with a decoder: logits (B, M, C) for ids, or (B, N, C) with zero rows at visible patches."""
+        every = ids is None
+        if every:
+            ids = mask_to_ids(mask)  # (B, M); reads M from the mask (a host sync: never in a training step)
+        keep = visible_ids(mask, ids.shape[1])  # (B, V)
+        logits = self.forward_decoder(self.forward_encoder(patches, keep), keep, ids)  # (B, M, C)
+        if not every:
+            return logits
+        full = logits.new_zeros(*mask.shape, logits.shape[-1])  # (B, N, C)
+        return full.scatter(1, ids.unsqueeze(-1).expand_as(logits), logits)  # (B, N, C)
+
+    def features(self, patches: torch.Tensor, layer: int | None = None) -> torch.Tensor:
+        """patches (B, N, P) float pixels, none masked -> (B, D) image features for probes.
+
+        The mean over the N tokens of the final normalised tokens (what the head reads), or with
+        `layer` K of block K's output (1..depth; 0 is the embedded patches, before any block).
+        """
+        return self.forward_encoder(patches, depth=layer).mean(1)  # (B, D): nothing masked, no fill applies
 
 
 def build_model(cfg: Config) -> MaskedPatchViT:

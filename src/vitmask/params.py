@@ -1,5 +1,6 @@
 """The parameter table printed by `vitmask count-params`: one row per tensor, with the seed 001
-name of each beside ours, then the total. (The FLOP count lives in `flops.py`.)"""
+name of each beside ours, then (for an encoder-decoder model) the encoder's and the decoder's
+totals, then the total. (The FLOP count lives in `flops.py`.)"""
 
 from torch import nn
 
@@ -32,11 +33,20 @@ def param_rows(model: nn.Module) -> list[ParamRow]:
     return rows
 
 
+def is_decoder_param(name: str) -> bool:
+    """Whether a parameter belongs to the decoder's side of an encoder-decoder model: `decoder.*` and the head."""
+    return name.startswith("decoder.") or name.startswith("head.")
+
+
 def format_table(rows: list[ParamRow]) -> str:
     width = max(len(r[0]) for r in rows)
     lines = [f"{'tensor':<{width}}  {'shape':<14} {'params':>12}  seed"]
     for name, shape, n, seed in rows:
         lines.append(f"{name:<{width}}  {'x'.join(map(str, shape)):<14} {n:>12,}  {seed}".rstrip())
     total = sum(r[2] for r in rows)
+    if any(r[0].startswith("decoder.") for r in rows):  # an encoder-decoder model: the two parts, then the total
+        decoder = sum(r[2] for r in rows if is_decoder_param(r[0]))
+        lines.append(f"{'encoder':<{width}}  {'':<14} {total - decoder:>12,}")
+        lines.append(f"{'decoder (with the head)':<{width}}  {'':<14} {decoder:>12,}")
     lines.append(f"{'total':<{width}}  {'':<14} {total:>12,}")
     return "\n".join(lines)

@@ -7,6 +7,8 @@ scalars and images, and the hparams table. The trainer computes; the reporter fo
   on the console one line per window, or the loss beside a progress bar on a terminal.
 - Evaluations (`validation`): `val/<name>` for the same metrics, the reconstruction grid as
   `val/reconstruction`, and one console line with the majority-class accuracy beside them.
+- Online probes (`probe`, every `train.probe_every` steps): `probe/knn_acc` and `probe/linear_acc`
+  as probe.OnlineProbe gives them, and one console line.
 - At the end (`hparams`): every config key as `section.key` beside `hparam/val_<name>` and
   `hparam/best_val_loss`, to compare runs side by side.
 
@@ -94,6 +96,18 @@ class Reporter:
         line = (
             f"step {step}/{self.cfg.train.max_steps}  val loss {val['loss']:.4f}  acc {val['acc']:.4f}"
             f"  non-empty acc {val['acc_nonempty']:.4f}  (majority {val['majority_acc']:.4f})"
+        )
+        self.bar.write(line, file=sys.stdout)
+        sys.stdout.flush()
+
+    def probe(self, step: int, accuracies: dict[str, float]) -> None:
+        """An online probe: `accuracies` as probe.OnlineProbe gives them ({"probe/knn_acc", "probe/linear_acc"})."""
+        if not self.main:
+            return
+        self.logger.log(accuracies, step)
+        line = (
+            f"step {step}/{self.cfg.train.max_steps}  probe on val: k-NN acc {accuracies['probe/knn_acc']:.4f}"
+            f"  linear acc {accuracies['probe/linear_acc']:.4f}"
         )
         self.bar.write(line, file=sys.stdout)
         sys.stdout.flush()

@@ -63,6 +63,7 @@ RESUMABLE = (
     "train.compile",
     "train.deterministic",
     "train.precision",
+    "train.probe_every",
     "data.path",
     "data.download",
 )

@@ -13,7 +13,7 @@ import torch
 from vitmask import distributed, rundir
 from vitmask.checkpoint import checkpoint_config, describe_load_failure, load_model
 from vitmask.config import Config, check_seed, config_from_dict, dump_config, load_config
-from vitmask.data import SPLITS, eval_batches, load_splits
+from vitmask.data import SPLITS, eval_batches, load_labelled_splits, load_splits
 from vitmask.errors import UserError
 from vitmask.evaluate import evaluate_split
 from vitmask.inpaint import boxes_to_mask, check_patch_mask, fill, mask_image_to_pixels, parse_box, pixels_to_patches
@@ -23,6 +23,7 @@ from vitmask.model import build_model
 from vitmask.outputs import check_out_file, reason, write_atomically, write_text
 from vitmask.params import ParamRow, param_rows
 from vitmask.preprocess import binarize_images, load_image_file
+from vitmask.probe import online_probe, run_probes
 from vitmask.render import paste_predictions, reconstruction_grid, save_binary_image, save_grid
 from vitmask.runtime import resolve_device
 from vitmask.train import Trainer
@@ -68,10 +69,12 @@ def _run(plan: rundir.Resolved, device: torch.device, world: distributed.World) 
     """Load the data, build (and restore) the trainer, write config.yaml, train; failed writes
     (a full disk) and allocations end in one line."""
     cfg, run_dir = plan.cfg, plan.run_dir
-    splits = load_data(cfg, device)
+    data = load_data(cfg, device, load_labelled_splits)
     trainer = None
     try:
-        trainer = Trainer(cfg, splits, device, logger=TensorBoardLogger(run_dir) if world.main else None, world=world)
+        probe = online_probe(cfg, data, device) if world.main else None
+        logger = TensorBoardLogger(run_dir) if world.main else None
+        trainer = Trainer(cfg, data.images, device, logger=logger, world=world, probe=probe)
         trainer.run_id = plan.run_id
         if plan.state is not None:
             _restore(trainer, plan)
@@ -99,10 +102,11 @@ def _run(plan: rundir.Resolved, device: torch.device, world: distributed.World) 
         raise
 
 
-def load_data(cfg: Config, device: torch.device) -> dict[str, torch.Tensor]:
-    """`load_splits`, with a file-system error or an allocation failure as one line."""
+def load_data(cfg: Config, device: torch.device, loader=load_splits):
+    """`loader(cfg)` (`load_splits` or `load_labelled_splits`), with a file-system error or an
+    allocation failure as one line."""
     try:
-        return load_splits(cfg)
+        return loader(cfg)
     except OSError as e:
         where = f" under data.path {cfg.data.path}" if cfg.data.source != "shapes" else ""
         raise UserError(f"cannot read the {cfg.data.source} data{where} ({reason(e)}); check data.path") from None
@@ -253,3 +257,16 @@ def preview(config: Path | None, overrides: list[str], out: Path, count: int, se
     check_fits(cfg, torch.device("cpu"), training=False, what="loading the data of")
     stats = write_preview(load_splits(cfg), cfg, out, count, seed)
     return format_stats(stats, cfg)
+
+
+def probe_checkpoint(path: Path, split: str, layer: int | None, k: int, seed: int, device_name: str) -> dict:
+    """The probe report of a checkpoint (probe.py): linear and k-NN accuracy on `split` of its
+    features, of random weights and of raw pixels, and the majority class."""
+    if split not in ("val", "test"):
+        raise UserError(f"unknown split '{split}' for probe; use val or test (the probes are fitted on train)")
+    device = resolve_device(device_name)
+    check_seed(seed, "--seed")
+    model, cfg, _ = load_model(path, device)
+    check_fits(cfg, device, training=False)
+    report = run_probes(model, cfg, load_data(cfg, device, load_labelled_splits), split, layer, k, seed)
+    return {"checkpoint": str(path), **report}

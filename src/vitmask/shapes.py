@@ -4,6 +4,11 @@ Each image holds 1 to 3 shapes, drawn from rectangles, ellipses, lines and trian
 or outlined, at random sizes and positions; the shapes are OR-ed together. Every shape of every
 image is rasterised at once by broadcasting over a pixel grid, with no per-image Python loop.
 
+An image's label is the kind of its largest shape (0 rectangle, 1 ellipse, 2 line, 3 triangle):
+the shape that draws the most pixels of its own (counted before the shapes are OR-ed; ties go to
+the shape drawn first). Labels come from the same draws as the images, so asking for them changes
+nothing about the images.
+
 Shapes: n images, S shape slots per image, H = W image side.
 """
 
@@ -12,6 +17,7 @@ import math
 import torch
 
 RECT, ELLIPSE, LINE, TRIANGLE = range(4)
+KINDS = ("rectangle", "ellipse", "line", "triangle")  # label i names kind i
 MAX_SHAPES = 3
 # pixels drawn per chunk: 2048 images up to 64 x 64, fewer above, so the (n, S, H, W) float
 # temporaries of a chunk stay near 2 GiB whatever the image size (vitmask.memory counts them)
@@ -26,8 +32,8 @@ def _segment_distance(px, py, ax, ay, bx, by):
     return torch.hypot(px - (ax + t * dx), py - (ay + t * dy))
 
 
-def _draw_chunk(n: int, size: int, g: torch.Generator) -> torch.Tensor:
-    """(n, size, size) uint8 images in {0, 1}."""
+def _draw_chunk(n: int, size: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """(n, size, size) uint8 images in {0, 1}, and (n,) int64 labels: the kind of the largest shape."""
     S = MAX_SHAPES
 
     def u(lo, hi):  # (n, S, 1, 1) uniform draws
@@ -76,36 +82,65 @@ def _draw_chunk(n: int, size: int, g: torch.Generator) -> torch.Tensor:
     solid = torch.stack([rect, ell, line, tri])  # (4, n, S, H, W)
     outline = torch.stack([rect_out, ell_out, line, tri_out])
     pick = torch.where(filled, solid, outline)  # (4, n, S, H, W)
-    drawn = pick.gather(0, kind.expand(n, S, size, size).unsqueeze(0)).squeeze(0)  # (n, S, H, W)
-    return (drawn & active).any(1).to(torch.uint8)  # (n, H, W)
+    drawn = pick.gather(0, kind.expand(n, S, size, size).unsqueeze(0)).squeeze(0) & active  # (n, S, H, W)
+    return drawn.any(1).to(torch.uint8), largest_kind(drawn, kind.view(n, S))  # (n, H, W), (n,)
+
+
+def largest_kind(drawn: torch.Tensor, kind: torch.Tensor) -> torch.Tensor:
+    """Each image's label: the kind of the slot drawing the most pixels (the first such slot on a tie).
+
+    drawn (n, S, H, W) bool, each slot's own pixels (inactive slots empty); kind (n, S) -> (n,) int64.
+    """
+    largest = drawn.flatten(2).sum(2).argmax(1, keepdim=True)  # (n, 1): argmax returns the first maximum
+    return kind.gather(1, largest).squeeze(1)  # (n,)
+
+
+def generate_labelled(
+    n: int, size: int, generator: torch.Generator, chunk: int = 2048
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(n, size, size) uint8 binary images and their (n,) int64 labels, deterministic for the generator's state."""
+    chunk = max(1, min(chunk, CHUNK_PIXELS // (size * size)))
+    parts = [_draw_chunk(min(chunk, n - i), size, generator) for i in range(0, n, chunk)]
+    if not parts:
+        return torch.zeros(0, size, size, dtype=torch.uint8), torch.zeros(0, dtype=torch.long)
+    return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
 
 
 def generate(n: int, size: int, generator: torch.Generator, chunk: int = 2048) -> torch.Tensor:
     """(n, size, size) uint8 binary images, deterministic for the generator's state."""
-    chunk = max(1, min(chunk, CHUNK_PIXELS // (size * size)))
-    parts = [_draw_chunk(min(chunk, n - i), size, generator) for i in range(0, n, chunk)]
-    return torch.cat(parts) if parts else torch.zeros(0, size, size, dtype=torch.uint8)
+    return generate_labelled(n, size, generator, chunk)[0]
 
 
-def _drop_seen(images: torch.Tensor, seen: torch.Tensor) -> torch.Tensor:
-    """Rows of `images`, in order, that occur neither in `seen` nor earlier in `images`."""
+def _unseen(images: torch.Tensor, seen: torch.Tensor) -> torch.Tensor:
+    """(n,) bool: the rows of `images` that occur neither in `seen` nor earlier in `images`."""
     if len(images) == 0:
-        return images
+        return torch.zeros(0, dtype=torch.bool)
     flat = torch.cat([seen, images]).flatten(1)  # (s + n, H*W)
     _, inverse = torch.unique(flat, dim=0, return_inverse=True)  # (s + n,)
     order = torch.arange(len(flat))
     first = torch.full((int(inverse.max()) + 1,), len(flat)).scatter_reduce(0, inverse, order, "amin")
     keep = first[inverse] == order  # the first occurrence of each distinct image
-    return images[keep[len(seen) :]]
+    return keep[len(seen) :]
+
+
+def make_labelled_splits(
+    num_train: int, num_val: int, num_test: int, size: int, seed: int
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Fixed train/val/test sets and their labels. Test is drawn first, then val, then train, so a
+    split does not change when a later one grows. Repeated images are dropped, within a split and
+    across splits (from the later one), so the splits are disjoint; their labels go with them."""
+    g = torch.Generator().manual_seed(seed)
+    seen = torch.zeros(0, size, size, dtype=torch.uint8)
+    images, labels = {}, {}
+    for split, n in (("test", num_test), ("val", num_val), ("train", num_train)):
+        drawn, kinds = generate_labelled(n, size, g)  # (n, S, S), (n,)
+        keep = _unseen(drawn, seen)  # (n,)
+        images[split], labels[split] = drawn[keep], kinds[keep]
+        seen = torch.cat([seen, images[split]])
+    order = ("train", "val", "test")
+    return {k: images[k] for k in order}, {k: labels[k] for k in order}
 
 
 def make_splits(num_train: int, num_val: int, num_test: int, size: int, seed: int) -> dict[str, torch.Tensor]:
-    """Fixed train/val/test sets. Test is drawn first, then val, then train, so a split does not
-    change when a later one grows. Repeated images are dropped, within a split and across splits
-    (from the later one), so the splits are disjoint."""
-    g = torch.Generator().manual_seed(seed)
-    none = torch.zeros(0, size, size, dtype=torch.uint8)
-    test = _drop_seen(generate(num_test, size, g), none)
-    val = _drop_seen(generate(num_val, size, g), test)
-    train = _drop_seen(generate(num_train, size, g), torch.cat([test, val]))
-    return {"train": train, "val": val, "test": test}
+    """The images of `make_labelled_splits`."""
+    return make_labelled_splits(num_train, num_val, num_test, size, seed)[0]

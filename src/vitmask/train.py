@@ -7,7 +7,8 @@ is recorded there (divergence.py), and both are read on logging steps and before
 
 Everything else is a component: process setup (runtime.prepare_process), validation and the
 reconstruction grid (validation.py), checkpoint cadence and best.pt (checkpointer.py), console
-lines, TensorBoard and hparams (report.py), SIGINT/SIGTERM (signals.py).
+lines, TensorBoard and hparams (report.py), SIGINT/SIGTERM (signals.py), the online probe every
+`train.probe_every` steps beside validation (probe.OnlineProbe, given by the runner on rank 0).
 
 Shapes: B batch, M masked patches per image, C token classes.
 """
@@ -41,10 +42,13 @@ def masked_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 class Trainer:
-    def __init__(self, cfg: Config, splits: dict[str, torch.Tensor], device: torch.device, logger=None, world=None):
+    def __init__(
+        self, cfg: Config, splits: dict[str, torch.Tensor], device: torch.device, logger=None, world=None, probe=None
+    ):
         self.world: World = world or World()
         runtime.prepare_process(cfg, device, self.world)  # checks, then seeds: before the model is built
         self.cfg, self.device, t = cfg, device, cfg.train
+        self.probe = probe  # probe.OnlineProbe, run every train.probe_every steps (rank 0), or None
         self.model = build_model(cfg).to(device)  # the plain module: state dicts and evaluation use it
         self.optimizer = build_optimizer(self.model, t)
         self.scheduler = build_scheduler(self.optimizer, t)
@@ -146,6 +150,8 @@ class Trainer:
                     self._log_train()
                 if self.step % t.eval_every == 0 or last:
                     val = self._validate(checkpointer)
+                if self.probe is not None and (self.step % t.probe_every == 0 or last):
+                    self._probe()
                 saved = checkpointer.due(self.step)
                 if saved:
                     self._save(checkpointer)
@@ -182,6 +188,10 @@ class Trainer:
         if self.validator.improved(val):
             checkpointer.save_best(self.state_dict)
         return val
+
+    def _probe(self) -> None:
+        """The online probe's accuracies on val (probe.OnlineProbe), to the reporter."""
+        self.reporter.probe(self.step, self.probe(self.model))
 
     def _save(self, checkpointer: Checkpointer) -> Path:
         """Check the loss stayed finite, then write step_<step>.pt and last.pt."""
