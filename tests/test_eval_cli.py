@@ -144,13 +144,18 @@ def test_make_docs_images_writes_the_pictures_and_numbers(run_cli, ckpt, tmp_pat
             "0.5",
             "--device",
             "cpu",
+            "--samples",
+            "4",
+            "--nll-strata",
+            "4",
         ]
     )
-    for name in ("reconstruct.png", "inpaint.png", "inpaint_input.png", "inpaint_filled.png"):
+    for name in ("reconstruct.png", "inpaint.png", "inpaint_input.png", "inpaint_filled.png", "samples.png"):
         assert Image.open(out / name).size[0] > 0
     text = (out / "results.md").read_text()
     assert "8-neighbour table" in text and "| centre box 4,4,12,12 |" in text
     assert text.count("| random, ratio 0.5 |") == 1
+    assert "NLL upper bound" in text and "mask ratio 0.5, block masks" in text and "| random r=0.5: acc" in text
     # the example input is the preprocessed image itself: preprocessing it again changes nothing
     cfg = load_model(ckpt).config
     again = binarize_images(load_image_file(out / "inpaint_input.png").unsqueeze(0), cfg.data)[0]

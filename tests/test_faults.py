@@ -465,10 +465,22 @@ def test_cli_numbers_out_of_range_are_one_line(trained, tmp_path, capsys):
     line = user_error(
         capsys, "reconstruct", "--checkpoint", trained / "last.pt", "--out", tmp_path / "r.png", "--n", 10**6
     )
-    assert "--n must be in [1, 256]" in line
+    assert "--n must be at least 1 and at most 256" in line
     cfg = write_config(tmp_path / "c.yaml")
-    assert "--count must be in [1, 256]" in user_error(capsys, "preview", "--config", cfg, "--count", 0)
+    assert "--count must be at least 1 and at most 256" in user_error(capsys, "preview", "--config", cfg, "--count", 0)
+    sample = ["sample", "--checkpoint", trained / "last.pt", "--out", tmp_path / "s.png"]
+    assert "--temperature must be >= 0 and finite" in user_error(capsys, *sample, "--temperature", "inf")
+    assert "--n must be at least 1 and at most 256" in user_error(capsys, *sample, "--n", 10**5)
     assert not list(tmp_path.glob("*.png"))
+
+
+def test_an_allocation_no_estimate_foresaw_is_one_line(trained, capsys, monkeypatch):
+    def too_big(*args, **kwargs):
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 128000000000 bytes.")
+
+    monkeypatch.setattr(runner, "evaluate_split", too_big)
+    line = user_error(capsys, "eval", "--checkpoint", trained / "last.pt")
+    assert f"out of memory while eval (one allocation of {128e9 / 2**30:,.1f} GiB)" in line
 
 
 # ---- memory ---------------------------------------------------------------------------------------------
@@ -665,7 +677,7 @@ def test_out_paths_that_cannot_be_written_are_refused_before_the_work(trained, t
         (tmp_path / "dir.png", "is a folder"),
         (tmp_path / "missing" / "r.png", "does not exist; create"),
         (file / "r.png", "is a file"),
-        (tmp_path / "r.jpg", "must be a .png file"),
+        (tmp_path / "r.jpg", "must end in .png"),
     ]
     for out, needle in cases:
         assert needle in user_error(capsys, "reconstruct", "--checkpoint", ckpt, "--out", out), out

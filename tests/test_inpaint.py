@@ -9,14 +9,18 @@ from vitmask.errors import UserError
 from vitmask.inpaint import (
     boxes_to_mask,
     check_patch_mask,
-    fill,
     fill_accuracy,
     mask_image_to_pixels,
     parse_box,
     pixels_to_patches,
-    unmask_counts,
 )
 from vitmask.patches import patches_to_classes, patchify
+from vitmask.sampling import DecodeOptions, decode_masked, unmask_counts
+
+
+def fill(model, images, mask, patch_size, steps):
+    """The most likely classes over `steps` rounds (temperature 0, most confident first)."""
+    return decode_masked(model, images, mask, patch_size, DecodeOptions(steps=steps))
 
 
 def test_a_box_masks_every_patch_it_touches():

@@ -112,10 +112,13 @@ def lookup(table: ContextTable, codes: torch.Tensor, fallback: torch.Tensor) -> 
     return torch.where(found, table.values[at], fallback)
 
 
-def fit_baselines(train: torch.Tensor, cfg: Config, ratio: float, seed: int, batch_size: int = 1024) -> Baselines:
+def fit_baselines(
+    train: torch.Tensor, cfg: Config, ratio: float, seed: int, batch_size: int = 1024, strategy: str | None = None
+) -> Baselines:
     """Fit all three baselines on `train` (n, H, W) 0/1 images, on their device.
 
-    The neighbour tables see masked patches of `train` under masks drawn at `ratio` from `seed`.
+    The neighbour tables see masked patches of `train` under masks of `strategy` (default the
+    evaluation's, data.eval_strategy) drawn at `ratio` from `seed`.
     """
     d = cfg.data
     c, n_patches = d.num_classes, d.num_patches
@@ -127,7 +130,7 @@ def fit_baselines(train: torch.Tensor, cfg: Config, ratio: float, seed: int, bat
     if codes_fit(c, len(EIGHT)):
         for offsets in (EIGHT, FOUR):
             codes, centres = [], []
-            for batch in eval_batches(train, cfg, ratio, seed, batch_size):
+            for batch in eval_batches(train, cfg, ratio, seed, batch_size, strategy):
                 ctx = context_codes(batch.targets, batch.mask, d.grid, c, offsets)  # (B, N)
                 codes.append(ctx.gather(1, batch.ids).flatten())
                 centres.append(batch.masked_targets.flatten())

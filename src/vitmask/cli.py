@@ -27,6 +27,7 @@ except ImportError:  # pragma: no cover - depends on the installed typer
 from vitmask import entry, runner
 from vitmask.config import dump_config
 from vitmask.errors import Stopped, UserError
+from vitmask.memory import is_out_of_memory, out_of_memory
 from vitmask.outputs import reason
 from vitmask.signals import Interrupted
 
@@ -40,6 +41,17 @@ app = typer.Typer(
 ConfigOpt = typer.Option(None, "--config", "-c", help="YAML config file, e.g. configs/default.yaml.")
 SetOpt = typer.Option([], "--set", help="Override a config key, e.g. --set train.lr=3e-4 (repeatable; applied last).")
 DeviceOpt = typer.Option("auto", "--device", help="auto | cpu | cuda (auto picks cuda when available).")
+OrderOpt = typer.Option(
+    "confidence",
+    "--order",
+    help="Which patches a round keeps: confidence (the most probable first, MaskGIT) | random (random order).",
+)
+TEMPERATURE_HELP = "0: each patch's most likely class; T > 0: a draw from softmax(logits / T)."
+ChoiceOpt = typer.Option(
+    0.0,
+    "--choice-temperature",
+    help="confidence order: Gumbel noise on the ranking, annealed to 0 by the last round (MaskGIT: 4.5; 0 = none).",
+)
 
 
 @app.command()
@@ -73,19 +85,43 @@ def eval_(
     mask_ratio: list[float] = typer.Option(
         [], "--mask-ratio", help="Share of patches masked (repeatable, e.g. 0.25 0.5 0.75); default the config's."
     ),
-    seed: int = typer.Option(0, "--seed", help="Seed of the evaluation masks: the same seed gives the same numbers."),
+    seed: int = typer.Option(
+        0, "--seed", help="Seed of the evaluation masks and --nll draws: the same seed gives the same numbers."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the same numbers as one JSON object."),
+    strategy: str = typer.Option(
+        None, "--strategy", help="random | block: the masks at each --mask-ratio; default the config's (mixed: random)."
+    ),
+    centre_box: bool = typer.Option(
+        False, "--centre-box", help="Also score the centre box: the central square of patches, half the grid's side."
+    ),
+    nll: bool = typer.Option(
+        False,
+        "--nll",
+        help="Also report an upper bound on each image's negative log-likelihood (nats per image, bits per pixel) "
+        "beside a per-pixel Bernoulli fitted on the train split and 1 bit per pixel.",
+    ),
+    nll_strata: int = typer.Option(16, "--nll-strata", help="--nll: strata of the hidden-patch count."),
+    nll_samples: int = typer.Option(
+        2, "--nll-samples", help="--nll: draws per stratum and image (at least 2, for the standard error)."
+    ),
     device: str = DeviceOpt,
 ) -> None:
     """Score a checkpoint on masked patches beside three baselines on the same masks: the majority
-    class, the per-position majority and an 8-neighbour lookup table learned from the train split."""
+    class, the per-position majority and an 8-neighbour lookup table learned from the train split.
+    With --nll, also an upper bound on each image's negative log-likelihood."""
     from vitmask.evaluate import format_report
+    from vitmask.likelihood import format_nll
 
-    report = runner.evaluate_checkpoint(checkpoint, split, mask_ratio, device, seed)
+    report = runner.evaluate_checkpoint(
+        checkpoint, split, mask_ratio, device, seed, strategy, centre_box, nll, nll_strata, nll_samples
+    )
     if as_json:
         print(json.dumps(report))
         return
     print(format_report(report))
+    if "nll" in report:
+        print("\n" + format_nll(report["nll"]))
 
 
 @app.command()
@@ -145,12 +181,53 @@ def inpaint(
         False, "--iterative", help="Fill the most confident patches first and re-predict the rest (MaskGIT-style)."
     ),
     steps: int = typer.Option(8, "--steps", help="Rounds of --iterative filling."),
+    temperature: float = typer.Option(0.0, "--temperature", help=TEMPERATURE_HELP),
+    seed: int = typer.Option(0, "--seed", help="Seed of the draws (temperature, random order, choice noise)."),
+    samples: int = typer.Option(
+        1, "--samples", help="Completions to draw; more than 1 writes a grid: the input, then each completion."
+    ),
+    order: str = OrderOpt,
+    choice_temperature: float = ChoiceOpt,
     device: str = DeviceOpt,
 ) -> None:
-    """Fill part of your own image with the model's most likely patches."""
-    r = runner.inpaint(checkpoint, image, box, mask, out, iterative, steps, device)
+    """Fill part of your own image: with the model's most likely patches (--temperature 0), or with
+    patches drawn from its predictions, one or several (--samples) completions."""
+    r = runner.inpaint(
+        checkpoint,
+        image,
+        box,
+        mask,
+        out,
+        iterative,
+        steps,
+        device,
+        temperature,
+        seed,
+        samples,
+        order,
+        choice_temperature,
+    )
     size = r["image_size"]
-    print(f"filled {r['filled_patches']} of {r['patches']} patches; wrote {r['out']} ({size}x{size})")
+    what = f"{size}x{size}" if r["samples"] == 1 else f"the input and {r['samples']} completions"
+    print(f"filled {r['filled_patches']} of {r['patches']} patches; wrote {r['out']} ({what})")
+
+
+@app.command()
+def sample(
+    checkpoint: Path = typer.Option(..., "--checkpoint", help="A .pt checkpoint written by vitmask train."),
+    out: Path = typer.Option(..., "--out", help="The PNG grid to write, e.g. samples.png."),
+    n: int = typer.Option(64, "--n", help="Images to generate."),
+    steps: int = typer.Option(16, "--steps", help="Rounds of decoding (at most one per patch)."),
+    temperature: float = typer.Option(1.0, "--temperature", help=TEMPERATURE_HELP),
+    seed: int = typer.Option(0, "--seed", help="Seed of the draws: the same seed gives the same images."),
+    order: str = OrderOpt,
+    choice_temperature: float = ChoiceOpt,
+    device: str = DeviceOpt,
+) -> None:
+    """Generate new images: start from a canvas with every patch masked and decode it over --steps
+    rounds (MaskGIT's cosine schedule); write them as one PNG grid."""
+    r = runner.sample(checkpoint, out, n, steps, temperature, seed, device, order, choice_temperature)
+    print(f"wrote {r['out']}: {r['n']} images of {r['image_size']}x{r['image_size']}")
 
 
 @app.command("count-params")
@@ -246,6 +323,11 @@ def main(argv: list[str] | None = None) -> None:
         with contextlib.suppress(OSError):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(128 + signal.SIGPIPE)
+    except (RuntimeError, MemoryError) as e:  # an allocation no estimate foresaw (a size asked for on the command line)
+        if not is_out_of_memory(e):
+            raise
+        print(f"vitmask: error: {out_of_memory(e, None, ' '.join(args[:1]) or 'vitmask')}", file=sys.stderr)
+        sys.exit(2)
     except OSError as e:  # the file system refused a path no check above foresaw (too long, a loop, I/O error)
         what = f"{e.filename}: " if e.filename else ""
         print(f"vitmask: error: {what}{reason(e)}; check the path and the file system", file=sys.stderr)

@@ -55,6 +55,8 @@ def check_seed(seed: int, key: str) -> None:
 
 MAX_DEPTH = 1024  # blocks: far beyond any model this trainer is for, and quick to build and count
 
+
+RATIO_SCHEDULES = ("fixed", "uniform", "cosine")
 SOURCES = ("shapes", "torchvision", "idx", "folder", "npz")
 TORCHVISION_NAMES = ("MNIST", "FashionMNIST", "KMNIST", "EMNIST", "QMNIST", "Omniglot")
 EMNIST_SPLITS = ("byclass", "bymerge", "balanced", "letters", "digits", "mnist")
@@ -134,9 +136,13 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class MaskConfig:
-    strategy: str = "random"  # random: patches drawn uniformly | block: BEiT-style rectangles of patches
+    strategy: str = "random"  # random: patches drawn uniformly | block: BEiT-style rectangles of patches |
+    # mixed: per image, block with probability block_share, else random (validation and eval read it as random)
     ratio: float = 0.5  # share of patches masked per image (exactly round(ratio * N)); validation always uses it
-    ratio_range: tuple[float, float] | None = None  # [min, max]: training draws one ratio per batch from it
+    ratio_schedule: str = "fixed"  # how training draws the masked count M, once per batch: fixed (mask.ratio) |
+    # uniform (over the counts of ratio_range) | cosine (MaskGIT: ratio = cos(pi/2 * u), u ~ U(0, 1), in ratio_range)
+    ratio_range: tuple[float, float] | None = None  # [min, max] of uniform and cosine; null = all of (0, 1)
+    block_share: float = 0.5  # mixed: the share of images that get a block mask
     block_min_patches: int = 16  # block: smallest rectangle, in patches (BEiT: 16)
     block_aspect: tuple[float, float] = (0.3, 3.3)  # block: range of a rectangle's height/width (BEiT: 0.3, 1/0.3)
     fill: float | str = 0.5  # what the model sees for a masked patch: a pixel value in [0, 1] (the seed's
@@ -144,13 +150,21 @@ class MaskConfig:
 
     def __post_init__(self) -> None:
         _finite(self, "mask.")
-        _choice(self.strategy, "mask.strategy", ("random", "block"))
+        _choice(self.strategy, "mask.strategy", ("random", "block", "mixed"))
         _check(0.0 < self.ratio < 1.0, "mask.ratio", f"must be in (0, 1), got {self.ratio}")
+        _choice(self.ratio_schedule, "mask.ratio_schedule", RATIO_SCHEDULES)
         if self.ratio_range is not None:
             lo, hi = self.ratio_range
             _check(
                 0.0 < lo <= hi < 1.0, "mask.ratio_range", f"must be [min, max] with 0 < min <= max < 1, got {[lo, hi]}"
             )
+            _check(
+                self.ratio_schedule != "fixed",
+                "mask.ratio_range",
+                "is the range of the uniform and cosine schedules, but mask.ratio_schedule is fixed (every batch "
+                "at mask.ratio); set mask.ratio_schedule=uniform or cosine, or drop ratio_range",
+            )
+        _check(0.0 <= self.block_share <= 1.0, "mask.block_share", f"must be in [0, 1], got {self.block_share}")
         _check(self.block_min_patches >= 1, "mask.block_min_patches", "must be >= 1")
         lo, hi = self.block_aspect
         _check(0.0 < lo <= hi, "mask.block_aspect", f"must be [min, max] with 0 < min <= max, got {[lo, hi]}")
@@ -476,7 +490,19 @@ def config_from_dict(raw: dict[str, Any], overrides: typing.Sequence[str] = ()) 
                 raise UserError(f"config: section '{part}' must be a mapping of keys to values")
             target = section
         target[parts[-1]] = value
+    _upgrade(merged)
     return _build(Config, merged, "")
+
+
+def _upgrade(raw: dict[str, Any]) -> None:
+    """Read configs written before a key existed as they behaved then.
+
+    Before mask.ratio_schedule, a mask.ratio_range alone drew M uniformly over the range's counts:
+    such a config (an old checkpoint's, or one that sets only the range) gets ratio_schedule uniform.
+    """
+    mask = raw.get("mask")
+    if isinstance(mask, dict) and mask.get("ratio_range") is not None and "ratio_schedule" not in mask:
+        mask["ratio_schedule"] = "uniform"
 
 
 def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> Config:

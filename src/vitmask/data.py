@@ -12,7 +12,7 @@ import torch
 
 from vitmask import shapes, sources
 from vitmask.config import Config
-from vitmask.masking import draw_mask, num_masked
+from vitmask.masking import draw_mask, draw_num_masked, num_masked
 from vitmask.patches import patches_to_classes, patchify
 
 SPLITS = ("train", "val", "test")
@@ -74,9 +74,9 @@ class BatchSampler:
     Every rank draws the same global batch (indices and masks) and keeps its own contiguous shard,
     so the ranks see disjoint images and a world of any size follows the same data stream.
 
-    With `mask.ratio_range`, the count M of masked patches is drawn once per batch, uniformly from
-    the counts the range allows, by a CPU generator of the sampler's own: reading it back costs no
-    device sync, every rank draws the same M, and its state is saved with the sampler's.
+    The count M of masked patches is drawn once per batch from `mask.ratio_schedule` by a CPU
+    generator of the sampler's own: reading it back costs no device sync, every rank draws the same
+    M, and its state is saved with the sampler's.
     """
 
     def __init__(self, images: torch.Tensor, cfg: Config, rank: int = 0, world: int = 1):
@@ -87,19 +87,14 @@ class BatchSampler:
         self.grid = cfg.data.grid
         self.mask_cfg = cfg.mask
         self.num_mask = num_masked(self.num_patches, cfg.mask.ratio)
-        lo, hi = cfg.mask.ratio_range or (cfg.mask.ratio, cfg.mask.ratio)
-        self.mask_counts = (num_masked(self.num_patches, lo), num_masked(self.num_patches, hi))
         per_rank = self.global_batch // world
         self.shard = slice(rank * per_rank, (rank + 1) * per_rank)
         self.generator = torch.Generator(device=images.device).manual_seed(cfg.seed + 1)
         self.count_generator = torch.Generator().manual_seed(cfg.seed + 2)  # CPU: M per batch
 
     def next_num_mask(self) -> int:
-        """M for the next batch: fixed, or uniform over the counts of mask.ratio_range."""
-        lo, hi = self.mask_counts
-        if lo == hi:
-            return lo
-        return int(torch.randint(lo, hi + 1, (1,), generator=self.count_generator))  # CPU, no device sync
+        """M for the next batch, from mask.ratio_schedule (masking.draw_num_masked), on the CPU."""
+        return draw_num_masked(self.mask_cfg, self.num_patches, self.count_generator)
 
     def sample(self) -> Batch:
         dev = self.images.device
@@ -118,13 +113,25 @@ class BatchSampler:
             self.count_generator.set_state(state["count_generator"])
 
 
-def eval_batches(images: torch.Tensor, cfg: Config, ratio: float, seed: int, batch_size: int):
-    """Yield Batches covering `images` in order, with masks of the configured strategy drawn from a
-    generator seeded by `seed`, so the same split, ratio and seed always give the same masks."""
+def eval_strategy(cfg: Config, strategy: str | None = None) -> str:
+    """The masks evaluation uses: `strategy` if given, else the configured one with mixed read as
+    random, so runs trained on mixed masks validate on the same scattered masks as random ones."""
+    if strategy is not None:
+        return strategy
+    return "random" if cfg.mask.strategy == "mixed" else cfg.mask.strategy
+
+
+def eval_batches(
+    images: torch.Tensor, cfg: Config, ratio: float, seed: int, batch_size: int, strategy: str | None = None
+):
+    """Yield Batches covering `images` in order, with masks of `eval_strategy(cfg, strategy)` drawn
+    from a generator seeded by `seed`, so the same split, ratio and seed always give the same masks.
+    The `centre` strategy ignores `ratio`: every image hides the centre box."""
     dev = images.device
     g = torch.Generator(device=dev).manual_seed(seed)
     m = num_masked(cfg.data.num_patches, ratio)
+    strategy = eval_strategy(cfg, strategy)
     for start in range(0, len(images), batch_size):
         chunk = images[start : start + batch_size]
-        ids, mask = draw_mask(cfg.mask, len(chunk), cfg.data.grid, m, g, dev)  # (B, M), (B, N)
+        ids, mask = draw_mask(cfg.mask, len(chunk), cfg.data.grid, m, g, dev, strategy)  # (B, M), (B, N)
         yield make_batch(chunk, cfg.data.patch_size, ids, mask)

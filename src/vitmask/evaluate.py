@@ -15,7 +15,7 @@ from tqdm import tqdm
 
 from vitmask.baselines import LABELS, NAMES, Baselines, fit_baselines
 from vitmask.config import Config
-from vitmask.data import eval_batches
+from vitmask.data import eval_batches, eval_strategy
 from vitmask.metrics import SCALARS, MaskedPatchMetrics
 from vitmask.patches import patch_label, patches_to_classes, patchify
 
@@ -38,8 +38,10 @@ def evaluate(
     max_batches: int = 0,
     progress: bool = False,
     baselines: Baselines | None = None,
+    strategy: str | None = None,
 ) -> dict:
-    """Masked-patch loss and accuracies of `model` on `images` (n, H, W), at mask `ratio`.
+    """Masked-patch loss and accuracies of `model` on `images` (n, H, W), at mask `ratio`, with masks
+    of `strategy` (default: data.eval_strategy of the config).
 
     Returns loss (mean cross-entropy in nats per masked patch), acc (all masked patches),
     acc_nonempty (masked patches whose true class is not 0, the empty patch), bit_acc (pixels of
@@ -54,7 +56,7 @@ def evaluate(
     scores = MaskedPatchMetrics(c, dev, by_class=True)
     majority = MaskedPatchMetrics(c, dev)
     others = {name: MaskedPatchMetrics(c, dev) for name in NAMES} if baselines is not None else {}
-    batches = eval_batches(images, cfg, ratio, seed, batch_size)
+    batches = eval_batches(images, cfg, ratio, seed, batch_size, strategy)
     total = -(-len(images) // batch_size)
     if max_batches:
         total = min(total, max_batches)
@@ -94,18 +96,30 @@ def evaluate_split(
     ratios: list[float],
     seed: int,
     progress: bool = False,
+    strategy: str | None = None,
 ) -> list[dict]:
-    """The model and the three baselines (fitted on `train`) on `images`, at each mask ratio.
+    """The model and the three baselines (fitted on `train`) on `images`, at each mask ratio, with
+    masks of `strategy` (random | block | centre; default data.eval_strategy of the config).
 
     Both image sets must be on the model's device. Masks come from `seed`, so a rerun gives the
-    same numbers.
+    same numbers. `centre` ignores the ratio: pass the box's own share of the patches.
     """
     results = []
     for ratio in ratios:
-        base = fit_baselines(train, cfg, ratio, seed)
-        m = evaluate(model, images, cfg, ratio, seed, base.majority, progress=progress, baselines=base)
-        results.append({"mask_ratio": ratio, **m})
+        base = fit_baselines(train, cfg, ratio, seed, strategy=strategy)
+        m = evaluate(
+            model, images, cfg, ratio, seed, base.majority, progress=progress, baselines=base, strategy=strategy
+        )
+        results.append({"mask_ratio": ratio, "strategy": eval_strategy(cfg, strategy), **m})
     return results
+
+
+def mask_title(result: dict) -> str:
+    """How a result's masks were drawn, e.g. 'mask ratio 0.5, random masks' or 'centre box (mask ratio 0.25)'."""
+    strategy, ratio = result.get("strategy"), result["mask_ratio"]
+    if strategy == "centre":
+        return f"centre box (mask ratio {ratio:g})"
+    return f"mask ratio {ratio:g}" + (f", {strategy} masks" if strategy else "")
 
 
 def format_report(report: dict) -> str:
@@ -120,8 +134,7 @@ def format_report(report: dict) -> str:
     for r in report["results"]:
         lines += [
             "",
-            f"mask ratio {r['mask_ratio']:g}  ({r['masked_patches']:,} masked patches, "
-            f"{r['nonempty_patches']:,} non-empty)",
+            f"{mask_title(r)}  ({r['masked_patches']:,} masked patches, {r['nonempty_patches']:,} non-empty)",
             head,
         ]
         lines.append(row.format("model", f"{r['loss']:.4f}", r["acc"], r["acc_nonempty"], r["bit_acc"]))
@@ -140,7 +153,9 @@ def format_report(report: dict) -> str:
         lines.append(
             "  "
             + f"{'class':>5}  {'pixels':>{2 * patch_size**2}}  {'share':>7}"
-            + "".join(f"{'@' + format(r['mask_ratio'], 'g'):>9}" for r in results)
+            + "".join(
+                f"{'box' if r.get('strategy') == 'centre' else '@' + format(r['mask_ratio'], 'g'):>9}" for r in results
+            )
         )
         by_ratio = [{row["class"]: row for row in r["per_class"]} for r in results]
         masked = sum(r["masked_patches"] for r in results)

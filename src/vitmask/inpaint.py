@@ -1,4 +1,4 @@
-"""Inpainting: which patches to fill (boxes or a mask image), and filling them with a model.
+"""Inpainting: which patches to fill (boxes or a mask image), and scoring a fill.
 
 Boxes are `x0,y0,x1,y1` in pixel coordinates of the preprocessed image (image_size x image_size,
 after fitting and binarizing): x is the column, y the row, (0, 0) the top-left pixel, x0/y0
@@ -6,23 +6,20 @@ inclusive and x1/y1 exclusive, as in a Python slice. A box masks every patch it 
 image is read in the coordinates of the user's original image, fitted like the image, and masks
 every patch holding at least one of its white pixels (gray level >= 128).
 
-Filling is one-shot (every masked patch gets its most likely class at once) or iterative in the
-MaskGIT style: over `steps` rounds, the most confident predictions are fixed first and shown to the
-model as visible patches, and the rest are predicted again; the number still hidden after round t
-follows MaskGIT's cosine schedule, M * cos(pi/2 * t / steps).
+The filling itself (one-shot or iterative, most likely class or sampled) is
+`sampling.decode_masked`.
 
 Shapes: B images, H = W side, N patches, P pixels per patch, M masked patches per image, C classes.
 """
-
-import math
 
 import torch
 
 from vitmask.config import DataConfig
 from vitmask.errors import UserError
 from vitmask.metrics import MaskedPatchMetrics
-from vitmask.patches import classes_to_patches, patches_to_classes, patchify
+from vitmask.patches import patches_to_classes, patchify
 from vitmask.preprocess import fit_images
+from vitmask.sampling import DecodeOptions, decode_masked
 
 
 def parse_box(text: str, size: int) -> tuple[int, int, int, int]:
@@ -72,42 +69,6 @@ def check_patch_mask(mask: torch.Tensor) -> None:
         raise UserError(f"the boxes or mask cover all {n} patches, leaving the model nothing to see; mask less")
 
 
-def unmask_counts(num_masked: int, steps: int) -> list[int]:
-    """Patches fixed in each of `steps` rounds: the cosine schedule, summing to `num_masked`."""
-    left = [math.floor(num_masked * math.cos(math.pi / 2 * t / steps)) for t in range(1, steps)] + [0]
-    counts, before = [], num_masked
-    for remaining in left:
-        counts.append(before - remaining)
-        before = remaining
-    return counts
-
-
-@torch.inference_mode()
-def fill(model: torch.nn.Module, images: torch.Tensor, mask: torch.Tensor, patch_size: int, steps: int = 1):
-    """images (B, H, W) 0/1, mask (B, N) with the same count M per row -> (B, N) int64 classes.
-
-    Visible patches keep their class; masked ones get the model's most likely class, all at once
-    (steps=1) or most confident first over `steps` rounds. Rounds that would fix no patch are skipped.
-    """
-    pix = patchify(images, patch_size).float()  # (B, N, P)
-    classes = patches_to_classes(pix)  # (B, N)
-    hidden = mask.clone()  # (B, N)
-    num_masked = int(mask[0].sum())
-    for k in unmask_counts(num_masked, max(1, min(steps, num_masked))):
-        if k == 0:
-            continue
-        probs = model(pix, hidden).float().softmax(-1)  # (B, N, C)
-        conf, guess = probs.max(-1)  # (B, N)
-        conf = conf.masked_fill(~hidden, -1.0)  # only hidden patches compete
-        pick = conf.topk(k, dim=1).indices  # (B, k)
-        chosen = guess.gather(1, pick)  # (B, k)
-        classes = classes.scatter(1, pick, chosen)
-        new_pix = classes_to_patches(chosen, pix.shape[-1]).float()  # (B, k, P)
-        pix = pix.scatter(1, pick.unsqueeze(-1).expand_as(new_pix), new_pix)
-        hidden = hidden.scatter(1, pick, False)
-    return classes
-
-
 def fill_accuracy(
     model: torch.nn.Module,
     images: torch.Tensor,
@@ -115,17 +76,21 @@ def fill_accuracy(
     patch_size: int,
     steps: int = 1,
     batch_size: int = 256,
+    options: DecodeOptions | None = None,
+    generator: torch.Generator | None = None,
 ) -> dict[str, float]:
-    """Fill `images` (n, H, W) under `mask` (n, N) (the same count per row) and score the fill.
+    """Fill `images` (n, H, W) under `mask` (n, N) and score the fill.
 
-    Returns the masked-patch metrics of the fill (metrics.py): acc (masked patches given their true
-    class), acc_nonempty (the same over masked patches whose true class is not 0), bit_acc and the
-    counts behind them.
+    The fill is `decode_masked` with `options` (default: the most likely classes over `steps`
+    rounds). Returns the masked-patch metrics of the fill (metrics.py): acc (masked patches given
+    their true class), acc_nonempty (the same over masked patches whose true class is not 0),
+    bit_acc and the counts behind them.
     """
+    options = options or DecodeOptions(steps=steps)
     scores = MaskedPatchMetrics(2 ** (patch_size**2), images.device)
     for start in range(0, len(images), batch_size):
         chunk, m = images[start : start + batch_size], mask[start : start + batch_size]  # (B, H, W), (B, N)
         truth = patches_to_classes(patchify(chunk, patch_size))  # (B, N)
-        guess = fill(model, chunk, m, patch_size, steps)  # (B, N)
+        guess = decode_masked(model, chunk, m, patch_size, options, generator)  # (B, N)
         scores.add(guess[m], truth[m])  # (K,) the masked patches
     return scores.read()

@@ -5,8 +5,15 @@ plus the indices of the masked patches, (B, M). Every image in a batch hides exa
 M = round(ratio * N) patches (Python's round), clamped to [1, N - 1], so every shape is static
 and the loss needs no boolean indexing.
 
-Two strategies (`mask.strategy`): `random` draws the M patches uniformly; `block` (BEiT) covers
-rectangles of patches until M are covered, then keeps exactly M. Both are batched tensor ops.
+Strategies (`mask.strategy`): `random` draws the M patches uniformly; `block` (BEiT) covers
+rectangles of patches until M are covered, then keeps exactly M; `mixed` draws both for every image
+with the same M and keeps the block mask for a share `mask.block_share` of the images. All are
+batched tensor ops. Evaluation also has `centre`: the central square of half the grid's side, the
+same for every image.
+
+Training draws M once per batch from the ratio schedule (`mask.ratio_schedule`): `fixed` (always
+`mask.ratio`), `uniform` (uniform over the counts `mask.ratio_range` allows, all of 1..N - 1 by
+default) or `cosine` (MaskGIT: ratio = cos(pi/2 * u), u ~ U(0, 1), restricted to the range).
 
 Shapes: B batch, N = g * g patches on a g x g grid, M masked patches per image.
 """
@@ -21,6 +28,34 @@ from vitmask.config import MaskConfig
 def num_masked(num_patches: int, ratio: float) -> int:
     """Patches hidden per image: round(ratio * N), at least 1 and at most N - 1."""
     return min(max(round(ratio * num_patches), 1), num_patches - 1)
+
+
+def draw_num_masked(cfg: MaskConfig, num_patches: int, generator: torch.Generator) -> int:
+    """M for one training batch from the ratio schedule, drawn on the CPU `generator` (no device sync).
+
+    fixed: num_masked(N, ratio). uniform: uniform over num_masked(N, lo) .. num_masked(N, hi).
+    cosine: ratio = cos(pi/2 * u) with u uniform on [2/pi acos(hi), 2/pi acos(lo)], so the ratio has
+    MaskGIT's density restricted to [lo, hi]; then M = num_masked(N, ratio). [lo, hi] is
+    mask.ratio_range, or (0, 1) when it is null; M is always clamped to [1, N - 1].
+    """
+    if cfg.ratio_schedule == "fixed":
+        return num_masked(num_patches, cfg.ratio)
+    lo, hi = cfg.ratio_range or (0.0, 1.0)
+    if cfg.ratio_schedule == "uniform":
+        first, last = num_masked(num_patches, lo), num_masked(num_patches, hi)
+        return int(torch.randint(first, last + 1, (1,), generator=generator))
+    u_lo, u_hi = 2 / math.pi * math.acos(hi), 2 / math.pi * math.acos(lo)
+    u = u_lo + float(torch.rand((), generator=generator)) * (u_hi - u_lo)
+    return num_masked(num_patches, math.cos(math.pi / 2 * u))
+
+
+def centre_box_mask(grid: int) -> torch.Tensor:
+    """(N,) bool: the central square of patches, grid // 2 on a side (the 8x8 middle of a 16x16 grid)."""
+    side = grid // 2
+    top = (grid - side) // 2
+    box = torch.zeros(grid, grid, dtype=torch.bool)
+    box[top : top + side, top : top + side] = True
+    return box.flatten()
 
 
 def random_mask(
@@ -121,7 +156,7 @@ def block_mask(
     return ids, mask
 
 
-def draw_mask(
+def mixed_mask(
     cfg: MaskConfig,
     batch: int,
     grid: int,
@@ -129,7 +164,36 @@ def draw_mask(
     generator: torch.Generator | None = None,
     device: torch.device | str = "cpu",
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Masks of the configured strategy: ids (B, M) int64 and mask (B, N) bool, True = masked."""
-    if cfg.strategy == "block":
+    """Per image, a block mask with probability `cfg.block_share`, else a random one; both hide M.
+
+    Both kinds are drawn for every image and the rows are selected with torch.where, so the batch
+    holds both kinds (about block_share of it blocks) with no per-image Python and static shapes.
+    """
+    block_ids, block = block_mask(batch, grid, num_mask, cfg.block_min_patches, cfg.block_aspect, generator, device)
+    rand_ids, rand = random_mask(batch, grid * grid, num_mask, generator, device)
+    use_block = torch.rand(batch, 1, generator=generator, device=device) < cfg.block_share  # (B, 1)
+    return torch.where(use_block, block_ids, rand_ids), torch.where(use_block, block, rand)  # (B, M), (B, N)
+
+
+def draw_mask(
+    cfg: MaskConfig,
+    batch: int,
+    grid: int,
+    num_mask: int,
+    generator: torch.Generator | None = None,
+    device: torch.device | str = "cpu",
+    strategy: str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Masks of `strategy` (default the configured one): ids (B, M) int64 and mask (B, N) bool, True = masked.
+
+    `centre` ignores `num_mask`: every image hides the centre box (M = (grid // 2)^2).
+    """
+    strategy = strategy or cfg.strategy
+    if strategy == "centre":
+        mask = centre_box_mask(grid).to(device).expand(batch, -1).clone()  # (B, N)
+        return mask_to_ids(mask), mask
+    if strategy == "mixed":
+        return mixed_mask(cfg, batch, grid, num_mask, generator, device)
+    if strategy == "block":
         return block_mask(batch, grid, num_mask, cfg.block_min_patches, cfg.block_aspect, generator, device)
     return random_mask(batch, grid * grid, num_mask, generator, device)

@@ -26,6 +26,7 @@ Shapes: B batch, N patches, M masked patches per image, D hidden_dim, F ffn_dim,
 """
 
 import os
+import re
 from dataclasses import dataclass
 
 import torch
@@ -190,9 +191,13 @@ def is_out_of_memory(e: BaseException) -> bool:
     return isinstance(e, RuntimeError) and ("can't allocate memory" in text or "out of memory" in text.lower())
 
 
-def out_of_memory(e: BaseException, device: torch.device, doing: str) -> UserError:
-    """The one-line UserError for an allocation failure met while `doing` something."""
+def out_of_memory(e: BaseException, device: torch.device | None, doing: str) -> UserError:
+    """The one-line UserError for an allocation failure met while `doing` something (a training
+    step, loading data, or a command whose options asked for too much)."""
+    asked = re.search(r"allocate (\d+) bytes", str(e))
+    size = f" (one allocation of {gib(int(asked.group(1)))})" if asked else ""
+    where = f" on {device.type}" if device is not None else ""
     return UserError(
-        f"out of memory on {device.type} while {doing}; lower data.batch_size, data.image_size, model.hidden_dim "
-        "or model.depth (vitmask's estimate passed, so the machine is close to its limit)"
+        f"out of memory{where} while {doing}{size}; ask for less (a smaller batch, image size, model, or count "
+        "of samples or images)"
     )

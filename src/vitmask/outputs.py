@@ -137,7 +137,8 @@ def check_out_file(
     path = Path(path)
     example = f"out{suffixes[0]}" if suffixes else "out.txt"
     if suffixes and path.suffix.lower() not in suffixes:
-        raise UserError(f"{flag} {path} must be a {' or '.join(suffixes)} file; pass a path such as {example}")
+        kinds = " or ".join(suffixes)
+        raise UserError(f"{flag} {path} must end in {kinds} (it must be a {kinds} file); pass a path such as {example}")
     if path.is_dir():
         raise UserError(f"{flag} {path} is a folder; pass a file path such as {path / example}")
     if path.exists() and not path.is_file():

@@ -42,7 +42,13 @@ def dataset_stats(splits: dict[str, torch.Tensor], cfg: Config, top: int = 5) ->
 def format_stats(stats: dict, cfg: Config) -> str:
     d, m = cfg.data, cfg.mask
     n_mask = num_masked(d.num_patches, m.ratio)
-    ranged = f", training draws ratios in [{m.ratio_range[0]}, {m.ratio_range[1]}]" if m.ratio_range else ""
+    lo, hi = m.ratio_range or (0, 1)
+    counts = f"{num_masked(d.num_patches, lo)}..{num_masked(d.num_patches, hi)}"
+    ranged = {
+        "fixed": "",
+        "uniform": f"; training draws M uniformly from {counts} per batch",
+        "cosine": f"; training draws M from {counts} per batch, ratio cos(pi/2 u) in [{lo}, {hi}]",
+    }[m.ratio_schedule]
     lines = [
         f"source {d.source}" + ("" if d.source == "shapes" else f" ({d.path})"),
         f"images {d.image_size}x{d.image_size}, patches {d.patch_size}x{d.patch_size}: "
@@ -62,7 +68,7 @@ def preview_grid(images: torch.Tensor, cfg: Config, seed: int, per_row: int = 8,
     """images (B, H, W) 0/1 -> (3, H', W') float in [0, 1]: rows of `per_row` images, each followed
     by the same images with their masks drawn, every pixel scaled up `scale` times."""
     p = cfg.data.patch_size
-    batch = next(eval_batches(images, cfg, cfg.mask.ratio, seed, len(images)))
+    batch = next(eval_batches(images, cfg, cfg.mask.ratio, seed, len(images), cfg.mask.strategy))  # training's kind
     gray = images.float().unsqueeze(1).expand(-1, 3, -1, -1)  # (B, 3, H, W)
     pix_mask = patch_mask_to_pixels(batch.mask, p)  # (B, H, W)
     masked = torch.where(pix_mask.unsqueeze(1), 0.45 * gray + 0.55 * MASK_TINT.view(1, 3, 1, 1), gray)

@@ -62,3 +62,14 @@ def save_grid(grid: torch.Tensor, path, scale: int = 1) -> None:
     if scale > 1:
         grid = grid.repeat_interleave(scale, 1).repeat_interleave(scale, 2)  # (3, sH', sW')
     save_image(grid, path)
+
+
+def image_grid(images: torch.Tensor, nrow: int, hole: torch.Tensor | None = None, patch_size: int = 1) -> torch.Tensor:
+    """images (B, H, W) 0/1 -> (3, H', W') grid in [0, 1], `nrow` images a row (samples, completions).
+
+    With `hole` (B, N) bool, the pixels of its patches (`patch_size` a side) are drawn grey.
+    """
+    x = images.detach().cpu().float()  # (B, H, W)
+    if hole is not None:
+        x = torch.where(patch_mask_to_pixels(hole.detach().cpu(), patch_size), 0.5, x)  # (B, H, W)
+    return make_grid(x.unsqueeze(1).expand(-1, 3, -1, -1), nrow=nrow, padding=2, pad_value=0.3)

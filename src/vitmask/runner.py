@@ -1,11 +1,13 @@
 """What each CLI command does, as plain functions: run dirs, resuming, evaluating a checkpoint,
-reconstructions and inpainting.
+reconstructions, inpainting and sampling.
 
 The CLI only parses arguments and renders results and errors; everything here is callable from
 Python and raises `UserError` for bad input.
 """
 
 import contextlib
+import dataclasses
+import math
 from pathlib import Path
 
 import torch
@@ -16,7 +18,9 @@ from vitmask.config import Config, check_seed, config_from_dict, dump_config, lo
 from vitmask.data import SPLITS, eval_batches, load_labelled_splits, load_splits
 from vitmask.errors import UserError
 from vitmask.evaluate import evaluate_split
-from vitmask.inpaint import boxes_to_mask, check_patch_mask, fill, mask_image_to_pixels, parse_box, pixels_to_patches
+from vitmask.inpaint import boxes_to_mask, check_patch_mask, mask_image_to_pixels, parse_box, pixels_to_patches
+from vitmask.likelihood import check_nll_args, nll_report
+from vitmask.masking import centre_box_mask
 from vitmask.memory import check_fits, check_model_fits, is_out_of_memory, out_of_memory
 from vitmask.metrics_log import TensorBoardLogger
 from vitmask.model import build_model
@@ -24,8 +28,9 @@ from vitmask.outputs import check_out_file, reason, write_atomically, write_text
 from vitmask.params import ParamRow, param_rows
 from vitmask.preprocess import binarize_images, load_image_file
 from vitmask.probe import online_probe, run_probes
-from vitmask.render import paste_predictions, reconstruction_grid, save_binary_image, save_grid
+from vitmask.render import image_grid, paste_predictions, reconstruction_grid, save_binary_image, save_grid
 from vitmask.runtime import resolve_device
+from vitmask.sampling import DecodeOptions, decode_masked, sample_images
 from vitmask.train import Trainer
 
 MAX_GRID_IMAGES = 256  # images in one reconstruct or preview PNG: beyond, the grid alone takes gigabytes
@@ -151,32 +156,61 @@ def _check_split(split: str) -> None:
         raise UserError(f"unknown split '{split}'; use one of {', '.join(SPLITS)}")
 
 
+EVAL_STRATEGIES = ("random", "block")
+
+
 def evaluate_checkpoint(
-    path: Path, split: str, ratios: list[float] | float | None, device_name: str, seed: int = 0
+    path: Path,
+    split: str,
+    ratios: list[float] | float | None,
+    device_name: str,
+    seed: int = 0,
+    strategy: str | None = None,
+    centre_box: bool = False,
+    nll: bool = False,
+    nll_strata: int = 16,
+    nll_samples: int = 2,
 ) -> dict:
     """The eval report of a checkpoint: the model and the baselines at each mask ratio (default: the
-    config's), on `split`, with masks drawn from `seed`."""
+    config's), on `split`, with masks of `strategy` (default the config's, mixed read as random)
+    drawn from `seed`; with `centre_box`, also the centre box; with `nll`, the likelihood bound
+    and its baselines (likelihood.nll_report) under "nll"."""
     _check_split(split)
     check_seed(seed, "--seed")
     ratios = [ratios] if isinstance(ratios, (int, float)) else list(ratios or [])
     for r in ratios:
         check_ratio(r)
+    if strategy is not None and strategy not in EVAL_STRATEGIES:
+        raise UserError(f"--strategy must be one of {', '.join(EVAL_STRATEGIES)}, got '{strategy}'")
     device = resolve_device(device_name)
     model, cfg, _ = load_model(path, device)
+    d = cfg.data
+    if nll:
+        check_nll_args(d.num_patches, d.num_classes, nll_strata, nll_samples)
+    box = centre_box_mask(d.grid)
+    if centre_box and not box.any():
+        raise UserError(f"--centre-box needs at least 2x2 patches; this model's grid is {d.grid}x{d.grid}")
     check_fits(cfg, device, training=False)
     splits = load_data(cfg, device)
     images = splits[split].to(device)
+    train = splits["train"].to(device)
     results = evaluate_split(
-        model, cfg, splits["train"].to(device), images, ratios or [cfg.mask.ratio], seed, progress=True
+        model, cfg, train, images, ratios or [cfg.mask.ratio], seed, progress=True, strategy=strategy
     )
-    return {
+    if centre_box:
+        share = int(box.sum()) / d.num_patches
+        results += evaluate_split(model, cfg, train, images, [share], seed, progress=True, strategy="centre")
+    report = {
         "checkpoint": str(path),
         "split": split,
         "seed": seed,
         "images": len(images),
-        "patch_size": cfg.data.patch_size,
+        "patch_size": d.patch_size,
         "results": results,
     }
+    if nll:
+        report["nll"] = nll_report(model, train, images, d.patch_size, nll_strata, nll_samples, seed, progress=True)
+    return report
 
 
 def reconstruct(path: Path, out: Path, n: int, ratio: float | None, split: str, seed: int, device_name: str) -> Path:
@@ -185,7 +219,7 @@ def reconstruct(path: Path, out: Path, n: int, ratio: float | None, split: str, 
     if ratio is not None:
         check_ratio(ratio)
     if not 1 <= n <= MAX_GRID_IMAGES:
-        raise UserError(f"--n must be in [1, {MAX_GRID_IMAGES}] (images in one PNG grid), got {n}")
+        raise UserError(f"--n must be at least 1 and at most {MAX_GRID_IMAGES} (images in one PNG grid), got {n}")
     check_seed(seed, "--seed")
     check_out_file(out, inputs=(path,))
     device = resolve_device(device_name)
@@ -210,12 +244,29 @@ def inpaint(
     iterative: bool,
     steps: int,
     device_name: str,
+    temperature: float = 0.0,
+    seed: int = 0,
+    samples: int = 1,
+    order: str = "confidence",
+    choice_temperature: float = 0.0,
 ) -> dict:
-    """Fill the patches of a user's image under the boxes and/or mask image; write the filled image."""
+    """Fill the patches of a user's image under the boxes and/or mask image; write the filled image,
+    or with `samples` K > 1 a grid of the input (the hole grey) and K completions drawn from `seed`."""
     if not boxes and mask_path is None:
         raise UserError("nothing to fill; pass --box x0,y0,x1,y1 (repeatable) or --mask mask.png")
-    if steps < 1:
-        raise UserError(f"--steps must be at least 1, got {steps}")
+    options = DecodeOptions(steps, temperature, order, choice_temperature)  # checks every value
+    if not iterative:
+        options = dataclasses.replace(options, steps=1)
+    if not 1 <= samples <= MAX_GRID_IMAGES:
+        raise UserError(
+            f"--samples must be at least 1 and at most {MAX_GRID_IMAGES} (completions in one PNG grid), got {samples}"
+        )
+    if samples > 1 and options.deterministic:
+        raise UserError(
+            f"--samples {samples} at --temperature 0 would give {samples} identical completions; "
+            "pass --temperature 1 (or --order random, or --choice-temperature 4.5)"
+        )
+    check_seed(seed, "--seed")
     check_out_file(out, inputs=(image, mask_path, path))
     device = resolve_device(device_name)
     model, cfg, _ = load_model(path, device)
@@ -227,12 +278,52 @@ def inpaint(
         pix |= mask_image_to_pixels(load_image_file(mask_path), tuple(gray.shape), d)
     mask = pixels_to_patches(pix, d.patch_size)  # (N,)
     check_patch_mask(mask)
-    mask = mask.unsqueeze(0).to(device)  # (1, N)
-    picture = picture.to(device)
-    classes = fill(model, picture, mask, d.patch_size, steps if iterative else 1)  # (1, N)
-    filled = paste_predictions(picture, mask, classes, d.patch_size)[0]  # (S, S)
-    write_atomically(out, lambda f: save_binary_image(filled, f), "--out")
-    return {"out": str(out), "filled_patches": int(mask.sum()), "patches": mask.numel(), "image_size": d.image_size}
+    mask = mask.unsqueeze(0).to(device).expand(samples, -1)  # (K, N)
+    picture = picture.to(device).expand(samples, -1, -1)  # (K, S, S)
+    generator = torch.Generator(device=device).manual_seed(seed)
+    classes = decode_masked(model, picture, mask, d.patch_size, options, generator)  # (K, N)
+    filled = paste_predictions(picture, mask, classes, d.patch_size)  # (K, S, S)
+    if samples == 1:
+        write_atomically(out, lambda f: save_binary_image(filled[0], f), "--out")
+    else:  # the input with its hole grey, then the completions
+        tiles = torch.cat([picture[:1], filled])  # (K + 1, S, S)
+        hole = torch.cat([mask[:1], torch.zeros_like(mask)])  # (K + 1, N): grey only on the input
+        grid = image_grid(tiles, min(samples + 1, 8), hole, d.patch_size)
+        write_atomically(out, lambda f: save_grid(grid, f, scale=4), "--out")
+    return {
+        "out": str(out),
+        "filled_patches": int(mask[0].sum()),
+        "patches": mask.shape[1],
+        "image_size": d.image_size,
+        "samples": samples,
+    }
+
+
+def sample(
+    path: Path,
+    out: Path,
+    n: int,
+    steps: int,
+    temperature: float,
+    seed: int,
+    device_name: str,
+    order: str = "confidence",
+    choice_temperature: float = 0.0,
+) -> dict:
+    """Generate `n` images from a fully masked canvas (sampling.sample_images); write them as one PNG grid."""
+    if not 1 <= n <= MAX_GRID_IMAGES:
+        raise UserError(f"--n must be at least 1 and at most {MAX_GRID_IMAGES} (images in one PNG grid), got {n}")
+    options = DecodeOptions(steps, temperature, order, choice_temperature)  # checks every value
+    check_seed(seed, "--seed")
+    check_out_file(out, inputs=(path,))
+    device = resolve_device(device_name)
+    model, cfg, _ = load_model(path, device)
+    d = cfg.data
+    generator = torch.Generator(device=device).manual_seed(seed)
+    images = sample_images(model, n, d.image_size, d.patch_size, options, generator, device)  # (n, S, S)
+    grid = image_grid(images, math.ceil(math.sqrt(n)))
+    write_atomically(out, lambda f: save_grid(grid, f, scale=3), "--out")
+    return {"out": str(out), "n": n, "image_size": d.image_size, "steps": steps, "temperature": temperature}
 
 
 def count_params(config: Path | None, checkpoint: Path | None, overrides: list[str]) -> list[ParamRow]:
@@ -251,7 +342,9 @@ def preview(config: Path | None, overrides: list[str], out: Path, count: int, se
 
     cfg = resolve_config(config, overrides)
     if not 1 <= count <= MAX_GRID_IMAGES:
-        raise UserError(f"--count must be in [1, {MAX_GRID_IMAGES}] (images in one PNG grid), got {count}")
+        raise UserError(
+            f"--count must be at least 1 and at most {MAX_GRID_IMAGES} (images in one PNG grid), got {count}"
+        )
     check_seed(seed, "--seed")
     check_out_file(out, make_folder=True)
     check_fits(cfg, torch.device("cpu"), training=False, what="loading the data of")
