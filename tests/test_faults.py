@@ -516,6 +516,10 @@ def test_a_config_that_cannot_fit_is_refused_before_anything_is_made_with_the_fi
         capsys, "count-params", "--config", cfg, "--set", "model.hidden_dim=1000000", "--set", "model.num_heads=1"
     )
     assert "parameters needs" in line and "for its weights alone" in line
+    line = user_error(
+        capsys, "train", "--config", cfg, "--run-dir", tmp_path / "run", "--set", f"data.image_size={10**20}"
+    )
+    assert "needs about" in line and "GiB of memory" in line  # past int64: torch cannot describe the model at all
 
 
 # ---- image files ---------------------------------------------------------------------------------------
