@@ -1,3 +1,3 @@
-from vitmask.cli import main
+from vitmask.entry import main
 
 main()

@@ -1,13 +1,20 @@
 """The `vitmask` command line: parse, call the library, render results and errors.
 
-Bad input (a `UserError`, or a usage error from the parser) ends in one line on stderr and exit
-code 2. Training stopped by SIGINT or SIGTERM says where its checkpoint is and exits 130 or 143.
-Anything else is a bug and keeps its traceback.
+Bad input (a `UserError`, or a usage error from the parser, or no command at all) ends in one
+line on stderr and exit code 2. Training stopped by SIGINT or SIGTERM says where its checkpoint is
+and exits 130 or 143; a signal at any other moment (start-up, data loading, evaluation) ends in one
+line and the same codes, after the clean-up of `finally` blocks (`errors.Stopped`). A closed
+stdout (`vitmask eval | head -1`) ends quietly; a path the file system refuses in a way no check
+foresaw (too long, a symlink loop, an I/O error) ends in one line naming it. Anything else is a
+bug and keeps its traceback.
 """
 
+import contextlib
 import json
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 
 import typer
@@ -17,9 +24,11 @@ try:  # typer < 0.20 depends on click; newer releases vendor it
 except ImportError:  # pragma: no cover - depends on the installed typer
     from typer._click.exceptions import UsageError
 
-from vitmask import runner
+from vitmask import entry, runner
 from vitmask.config import dump_config
-from vitmask.errors import UserError
+from vitmask.errors import Stopped, UserError
+from vitmask.memory import is_out_of_memory, out_of_memory
+from vitmask.outputs import reason
 from vitmask.signals import Interrupted
 
 app = typer.Typer(
@@ -252,17 +261,75 @@ def preview(
     print(f"wrote {out}")
 
 
-def main(argv: list[str] | None = None) -> None:
+def _stop(signum, frame):
+    raise Stopped(signum)
+
+
+@contextlib.contextmanager
+def _signals_raise_stopped():
+    """SIGINT and SIGTERM raise `Stopped` (the training loop installs its own handler meanwhile)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = {s: signal.signal(s, _stop) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        rv = app(args=argv, prog_name="vitmask", standalone_mode=False)
+        yield
+    finally:
+        for s, h in old.items():  # in the `vitmask` process the command is over: ignore (see entry.py)
+            signal.signal(s, signal.SIG_IGN if h is entry.early_stop else h)
+
+
+def _flush_stdout() -> None:
+    """Flush what the command printed now, so a full disk or closed pipe behind stdout is one line
+    here rather than a message from the interpreter's shut-down."""
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise UserError(f"cannot write the output to stdout: {reason(e)}") from None
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else list(argv)
+    for stream in (sys.stdout, sys.stderr):  # a path with undecodable bytes must not crash a print
+        with contextlib.suppress(AttributeError, ValueError):
+            stream.reconfigure(errors="backslashreplace")
+    try:
+        with _signals_raise_stopped():
+            if not args:
+                names = ", ".join(c.name or c.callback.__name__ for c in app.registered_commands)
+                raise UsageError(f"no command given; use one of {names}")
+            rv = app(args=args, prog_name="vitmask", standalone_mode=False)
+            _flush_stdout()
     except UsageError as e:
         cmd = e.ctx.command_path if e.ctx is not None else "vitmask"
-        print(f"{cmd}: error: {e.format_message()} (see '{cmd} --help')", file=sys.stderr)
+        message = e.format_message().strip() or "bad usage"
+        print(f"{cmd}: error: {' '.join(message.split())} (see '{cmd} --help')", file=sys.stderr)
         sys.exit(2)
     except UserError as e:
-        print(f"vitmask: error: {e}", file=sys.stderr)
+        print(f"vitmask: error: {' '.join(str(e).split())}", file=sys.stderr)
         sys.exit(2)
     except Interrupted as e:  # SIGINT / SIGTERM during training, after its checkpoint was written
         print(f"vitmask: {e}", file=sys.stderr)
         sys.exit(e.code)
+    except (Stopped, KeyboardInterrupt) as e:  # a signal outside the training loop
+        stop = e if isinstance(e, Stopped) else Stopped(signal.SIGINT)
+        print(f"vitmask: stopped by {stop.name} before it finished; no partial output was left", file=sys.stderr)
+        sys.exit(stop.code)
+    except BrokenPipeError:  # stdout closed by the reader: nothing more to say to it
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(128 + signal.SIGPIPE)
+    except (RuntimeError, MemoryError) as e:  # an allocation no estimate foresaw (a size asked for on the command line)
+        if not is_out_of_memory(e):
+            raise
+        print(f"vitmask: error: {out_of_memory(e, None, ' '.join(args[:1]) or 'vitmask')}", file=sys.stderr)
+        sys.exit(2)
+    except OSError as e:  # the file system refused a path no check above foresaw (too long, a loop, I/O error)
+        what = f"{e.filename}: " if e.filename else ""
+        print(f"vitmask: error: {what}{reason(e)}; check the path and the file system", file=sys.stderr)
+        sys.exit(2)
     sys.exit(rv if isinstance(rv, int) else 0)

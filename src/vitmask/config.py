@@ -3,13 +3,15 @@
 A config file has the sections `data`, `mask`, `model` and `train` plus the top-level `seed`.
 Keys are addressed with dots (`model.hidden_dim`) by `--set KEY=VALUE` overrides, which are applied
 last. Every check lives in a `__post_init__`, so a bad config fails at load with the field's name.
-Unknown keys are rejected with the nearest valid key.
+Unknown keys are rejected with the nearest valid key. Every number must be finite (no NaN or inf)
+and in its range; seeds must be ones torch's generators take (`SEED_RANGE`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -28,6 +30,30 @@ def _check(cond: bool, key: str, msg: str) -> None:
 
 def _choice(value: Any, key: str, choices: tuple) -> None:
     _check(value in choices, key, f"must be one of {', '.join(map(str, choices))}, got {value!r}")
+
+
+def _finite(section: Any, prefix: str) -> None:
+    """Every float of a section (also inside a [min, max] pair) must be finite: NaN and inf pass
+    many range checks (inf > 0) and would reach the optimizer or the masks."""
+    for f in dataclasses.fields(section):
+        value = getattr(section, f.name)
+        for v in value if isinstance(value, tuple) else (value,):
+            if isinstance(v, float) and not math.isfinite(v):
+                raise UserError(f"config: {prefix}{f.name} must be a finite number, got {v}")
+
+
+# torch's generators take seeds in [-2^63, 2^64 - 1]; the trainer also seeds seed + 1 and seed + 2
+SEED_RANGE = (-(2**63), 2**64 - 3)
+
+
+def check_seed(seed: int, key: str) -> None:
+    """A seed torch, NumPy and Python can all take (a config's `seed`, or a CLI `--seed`)."""
+    lo, hi = SEED_RANGE
+    if not lo <= seed <= hi:
+        raise UserError(f"{key} must be an integer in [{lo}, {hi}], got {seed}")
+
+
+MAX_DEPTH = 1024  # blocks: far beyond any model this trainer is for, and quick to build and count
 
 
 RATIO_SCHEDULES = ("fixed", "uniform", "cosine")
@@ -59,10 +85,12 @@ class DataConfig:
     invert: bool = False  # swap foreground and background after thresholding
 
     def __post_init__(self) -> None:
+        _finite(self, "data.")
         _choice(self.source, "data.source", SOURCES)
         _choice(self.name, "data.name", TORCHVISION_NAMES)
         _choice(self.emnist_split, "data.emnist_split", EMNIST_SPLITS)
         _choice(self.bad_files, "data.bad_files", ("skip", "fail"))
+        _check("\x00" not in self.path, "data.path", "must not contain a NUL character")
         for k in ("val_fraction", "test_fraction"):
             v = getattr(self, k)
             _check(0.0 < v < 1.0, f"data.{k}", f"must be in (0, 1), got {v}")
@@ -121,6 +149,7 @@ class MaskConfig:
     # scheme: its pixels are replaced by it) or "learned" (its embedding is replaced by a trained vector)
 
     def __post_init__(self) -> None:
+        _finite(self, "mask.")
         _choice(self.strategy, "mask.strategy", ("random", "block", "mixed"))
         _check(0.0 < self.ratio < 1.0, "mask.ratio", f"must be in (0, 1), got {self.ratio}")
         _choice(self.ratio_schedule, "mask.ratio_schedule", RATIO_SCHEDULES)
@@ -149,7 +178,7 @@ class MaskConfig:
 class ModelConfig:
     hidden_dim: int = 128  # width of every token vector (D)
     num_heads: int = 4  # attention heads; head_dim = hidden_dim / num_heads
-    depth: int = 4  # transformer blocks
+    depth: int = 4  # transformer blocks; at most MAX_DEPTH
     ffn_dim: int = 512  # hidden width of the feed-forward network
     activation: str = "gelu"  # relu | gelu | swiglu (silu(x W_1) * x W_3, then W_2; no biases, as Llama)
     norm: str = "layernorm"  # none | layernorm | rmsnorm
@@ -205,8 +234,10 @@ class ModelConfig:
         )
 
     def __post_init__(self) -> None:
+        _finite(self, "model.")
         for k in ("hidden_dim", "num_heads", "depth", "ffn_dim"):
             _check(getattr(self, k) >= 1, f"model.{k}", "must be >= 1")
+        _check(self.depth <= MAX_DEPTH, "model.depth", f"must be <= {MAX_DEPTH}, got {self.depth}")
         _check(
             self.hidden_dim % self.num_heads == 0,
             "model.hidden_dim",
@@ -249,6 +280,9 @@ class ModelConfig:
             )
             return
         _check(self.decoder_depth >= 1, "model.decoder_depth", f"must be >= 1 with a decoder, got {self.decoder_depth}")
+        _check(
+            self.decoder_depth <= MAX_DEPTH, "model.decoder_depth", f"must be <= {MAX_DEPTH}, got {self.decoder_depth}"
+        )
         for k in ("decoder_dim", "decoder_heads", "decoder_ffn_dim"):
             _check(getattr(self, k) >= 0, f"model.{k}", f"must be >= 0 (0 = the encoder's), got {getattr(self, k)}")
         e, h = self.decoder_width, self.decoder_heads or self.num_heads
@@ -270,17 +304,17 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    lr: float = 1e-3  # peak learning rate, reached at the end of warmup
+    lr: float = 1e-3  # peak learning rate, reached at the end of warmup; in (0, 1]
     max_steps: int = 2000  # optimisation steps in the whole run
     eval_every: int = 250  # steps between validations (and at the last step)
     checkpoint_every: int = 500  # steps between checkpoints (and at the last step)
     log_every: int = 25  # steps between training-scalar logs
     eval_batches: int = 0  # validation batches per evaluation; 0 = the whole val split
     optimizer: str = "adam"  # adam | adamw (decoupled weight decay)
-    weight_decay: float = 0.0  # decay of weight matrices only; never biases, norms, pos or mask_token
+    weight_decay: float = 0.0  # decay of weight matrices only; never biases, norms, pos or mask_token; in [0, 1]
     beta1: float = 0.9  # Adam's decay rate of the gradient mean
     beta2: float = 0.999  # Adam's decay rate of the squared-gradient mean
-    eps: float = 1e-8  # Adam's epsilon
+    eps: float = 1e-8  # Adam's epsilon; in (0, 1]
     schedule: str = "constant"  # lr after warmup: constant | cosine (decays to min_lr at max_steps)
     warmup_steps: int = 0  # linear warmup from 0 to lr over this many steps
     min_lr: float = 0.0  # the lr cosine decay ends at
@@ -294,17 +328,22 @@ class TrainConfig:
     probe_train_images: int = 2000  # online probe: the first this many train images are what the probes fit
 
     def __post_init__(self) -> None:
-        _check(self.lr > 0, "train.lr", f"must be > 0, got {self.lr}")
+        _finite(self, "train.")
+        _check(
+            0 < self.lr <= 1,
+            "train.lr",
+            f"must be in (0, 1] (Adam moves each weight by about lr a step), got {self.lr}",
+        )
         for k in ("max_steps", "eval_every", "checkpoint_every", "log_every", "accum_steps", "keep_last"):
             _check(getattr(self, k) >= 1, f"train.{k}", "must be >= 1")
         _check(self.eval_batches >= 0, "train.eval_batches", "must be >= 0")
         _check(self.probe_every >= 0, "train.probe_every", "must be >= 0 (0 = off)")
         _check(self.probe_train_images >= 1, "train.probe_train_images", "must be >= 1")
         _choice(self.optimizer, "train.optimizer", ("adam", "adamw"))
-        _check(self.weight_decay >= 0, "train.weight_decay", f"must be >= 0, got {self.weight_decay}")
+        _check(0 <= self.weight_decay <= 1, "train.weight_decay", f"must be in [0, 1], got {self.weight_decay}")
         for k in ("beta1", "beta2"):
             _check(0.0 <= getattr(self, k) < 1.0, f"train.{k}", f"must be in [0, 1), got {getattr(self, k)}")
-        _check(self.eps > 0, "train.eps", f"must be > 0, got {self.eps}")
+        _check(0 < self.eps <= 1, "train.eps", f"must be in (0, 1], got {self.eps}")
         _choice(self.schedule, "train.schedule", ("constant", "cosine"))
         _check(self.warmup_steps >= 0, "train.warmup_steps", "must be >= 0")
         _check(0 <= self.min_lr <= self.lr, "train.min_lr", f"must be in [0, train.lr ({self.lr})], got {self.min_lr}")
@@ -319,9 +358,22 @@ class Config:
     mask: MaskConfig = field(default_factory=MaskConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
-    name: str = "default"  # run name: runs/<name> unless --run-dir is given
+    name: str = "default"  # run name: runs/<name> unless --run-dir is given; a plain name, not a path
 
     def __post_init__(self) -> None:
+        check_seed(self.seed, "config: seed")
+        d = self.data
+        _check(
+            d.num_patches >= 2,
+            "data.image_size",
+            f"({d.image_size}) must hold at least 2 patches of data.patch_size ({d.patch_size}): "
+            "one to mask and one to see",
+        )
+        _check(
+            bool(self.name) and self.name not in (".", "..") and not any(c in self.name for c in "/\\\x00"),
+            "name",
+            f"must be a plain folder name (runs/<name>), got {self.name!r}",
+        )
         _check(
             self.data.batch_size % self.train.accum_steps == 0,
             "train.accum_steps",
@@ -456,6 +508,8 @@ def _upgrade(raw: dict[str, Any]) -> None:
 def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> Config:
     """Read a YAML config (safe_load); its name defaults to the file's stem."""
     path = Path(path)
+    if path.exists() and not path.is_file():
+        raise UserError(f"config {path} is not a file; pass a YAML file, e.g. configs/default.yaml")
     if not path.is_file():
         raise UserError(f"config file not found: {path}; pass an existing YAML file, e.g. configs/default.yaml")
     try:

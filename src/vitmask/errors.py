@@ -1,10 +1,26 @@
-"""User-facing errors.
+"""User-facing errors, and the stop of a process by a signal.
 
 A `UserError` is a problem with what the user asked for (a path, a config value, a checkpoint),
 not a bug. The CLI prints its message as one line on stderr and exits with code 2; everything
 else is left to raise normally so that real bugs keep their tracebacks.
+
+`Stopped` is raised by the CLI's SIGINT/SIGTERM handler outside the training loop (start-up, data
+loading, evaluation). It is a `BaseException`, like `KeyboardInterrupt`, so no `except Exception`
+swallows it, while every `finally` (lock release, clean-up of a half-made run dir) still runs.
 """
 
 
 class UserError(Exception):
     """Bad input. The message names the problem and, where there is one, the fix."""
+
+
+class Stopped(BaseException):
+    """The process got SIGINT or SIGTERM outside the training loop; `code` is 128 + the signal number."""
+
+    def __init__(self, signum: int):
+        import signal
+
+        self.signum = signum
+        self.code = 128 + signum
+        self.name = signal.Signals(signum).name
+        super().__init__(f"stopped by {self.name}")

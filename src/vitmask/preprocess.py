@@ -19,21 +19,11 @@ FITS = ("pad", "resize", "center_crop", "none")
 
 
 def load_image_file(path: str | Path) -> torch.Tensor:
-    """One image file (PNG, JPEG, BMP, ...) -> (H, W) uint8 grayscale. Not an image -> UserError."""
-    from PIL import Image, UnidentifiedImageError
+    """One image file (PNG, JPEG, BMP, ...) -> (H, W) uint8 grayscale, every image mode read by
+    `imagefile.read_gray` (16-bit, float, CMYK, EXIF orientation, ...). Not an image -> UserError."""
+    from vitmask.imagefile import read_gray
 
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(f"image not found: {path}; pass an existing PNG, JPEG or BMP file")
-    try:
-        with Image.open(path) as im:
-            gray = im.convert("L")
-            data = torch.frombuffer(bytearray(gray.tobytes()), dtype=torch.uint8)
-            return data.view(gray.height, gray.width)
-    except (UnidentifiedImageError, OSError, ValueError) as e:
-        raise UserError(
-            f"{path} is not a readable image ({e.__class__.__name__}); pass a PNG, JPEG or BMP file"
-        ) from None
+    return torch.from_numpy(read_gray(path))
 
 
 def fit_images(images: torch.Tensor, size: int, fit: str) -> torch.Tensor:
@@ -112,6 +102,8 @@ def to_gray_uint8(array, what: str) -> torch.Tensor:
             raise UserError(f"{what} holds integers in [{lo}, {hi}]; scale them to 0..255 (or 0/1)")
         scale = 1.0 if hi <= 1 else 1 / 255
     elif np.issubdtype(a.dtype, np.floating):
+        if not np.isfinite(a).all():
+            raise UserError(f"{what} holds NaN or inf values; store finite levels in [0, 1] (or uint8 0..255)")
         lo, hi = float(a.min()), float(a.max())
         if not (0.0 <= lo and hi <= 1.0):
             raise UserError(f"{what} holds floats in [{lo:g}, {hi:g}]; scale them to [0, 1] (or store uint8 0..255)")

@@ -18,6 +18,7 @@ from vitmask.data import SPLITS, eval_batches
 from vitmask.errors import UserError
 from vitmask.evaluate import class_counts
 from vitmask.masking import num_masked
+from vitmask.outputs import write_atomically
 from vitmask.patches import patch_label, patch_mask_to_pixels
 
 MASK_TINT = torch.tensor([0.2, 0.45, 1.0])  # masked patches: the pixel's gray level blended with this
@@ -88,9 +89,5 @@ def write_preview(splits: dict[str, torch.Tensor], cfg: Config, out: Path, count
     train = splits["train"]
     pick = torch.randperm(len(train), generator=torch.Generator().manual_seed(seed))[:count]
     grid = preview_grid(train[pick], cfg, seed, per_row=min(8, count))
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        save_image(grid, out)
-    except OSError as e:
-        raise UserError(f"cannot write {out} ({e.strerror or e}); pass a writable --out path") from None
+    write_atomically(out, lambda f: save_image(grid, f), "--out", make_folder=True)
     return dataset_stats(splits, cfg)

@@ -5,23 +5,26 @@ The CLI only parses arguments and renders results and errors; everything here is
 Python and raises `UserError` for bad input.
 """
 
+import contextlib
 import dataclasses
 import math
 from pathlib import Path
 
 import torch
 
-from vitmask import distributed
-from vitmask.checkpoint import checkpoint_config, latest_checkpoint, load_checkpoint, load_model, remove_stale_temps
-from vitmask.config import Config, config_from_dict, dump_config, load_config
+from vitmask import distributed, rundir
+from vitmask.checkpoint import checkpoint_config, describe_load_failure, load_model
+from vitmask.config import Config, check_seed, config_from_dict, dump_config, load_config
 from vitmask.data import SPLITS, eval_batches, load_labelled_splits, load_splits
 from vitmask.errors import UserError
 from vitmask.evaluate import evaluate_split
 from vitmask.inpaint import boxes_to_mask, check_patch_mask, mask_image_to_pixels, parse_box, pixels_to_patches
 from vitmask.likelihood import check_nll_args, nll_report
 from vitmask.masking import centre_box_mask
+from vitmask.memory import check_fits, check_model_fits, is_out_of_memory, out_of_memory
 from vitmask.metrics_log import TensorBoardLogger
 from vitmask.model import build_model
+from vitmask.outputs import check_out_file, reason, write_atomically, write_text
 from vitmask.params import ParamRow, param_rows
 from vitmask.preprocess import binarize_images, load_image_file
 from vitmask.probe import online_probe, run_probes
@@ -30,6 +33,8 @@ from vitmask.runtime import resolve_device
 from vitmask.sampling import DecodeOptions, decode_masked, sample_images
 from vitmask.train import Trainer
 
+MAX_GRID_IMAGES = 256  # images in one reconstruct or preview PNG: beyond, the grid alone takes gigabytes
+
 
 def resolve_config(config: Path | None, overrides: list[str], state: dict | None = None) -> Config:
     if config is not None:
@@ -37,21 +42,6 @@ def resolve_config(config: Path | None, overrides: list[str], state: dict | None
     if state is not None:
         return config_from_dict(state["config"], overrides)
     raise UserError("no config given; pass --config PATH (for example configs/default.yaml)")
-
-
-def _prepare_run_dir(run_dir: Path, may_exist: bool) -> None:
-    if not may_exist and run_dir.exists() and any(run_dir.iterdir()):
-        raise UserError(
-            f"run dir {run_dir} already exists and is not empty; continue it with --resume auto, "
-            "or start a new run with --run-dir DIR"
-        )
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        probe = run_dir / ".write-test"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as e:
-        raise UserError(f"run dir {run_dir} is not writable ({e.strerror}); pass a writable --run-dir") from None
 
 
 def train(
@@ -64,41 +54,96 @@ def train(
     """Start or continue a run. Returns the run dir and the final validation metrics.
 
     `resume` is a checkpoint path, or "auto": the newest checkpoint in the run dir, or a fresh start
-    when it has none. Under torchrun every rank trains; only rank 0 writes the run dir.
+    when it has none. Which checkpoint, which run dir, which config changes a resume may make, the
+    lock and the clean-up of a failed start: rundir.py. Under torchrun every rank trains; only
+    rank 0 owns and writes the run dir.
     """
     world, device = distributed.init(resolve_device(device_name))
     try:
-        state = None
-        if resume is not None and resume != "auto":
-            state = load_checkpoint(resume)
-            run_dir = run_dir or Path(resume).parent
-        if resume == "auto" and run_dir is not None and (latest := latest_checkpoint(run_dir)) is not None:
-            state = load_checkpoint(latest)
-        cfg = resolve_config(config, overrides, state)
-        if run_dir is None:  # --resume auto with a config: the config names the run dir
-            run_dir = Path("runs") / cfg.name
-            if resume == "auto" and (latest := latest_checkpoint(run_dir)) is not None:
-                state = load_checkpoint(latest)
-        if world.main:
-            _prepare_run_dir(run_dir, may_exist=state is not None or resume == "auto")
-            remove_stale_temps(run_dir)
-        data = load_labelled_splits(cfg)
+        plan = rundir.resolve(config, overrides, run_dir, resume)
+        check_fits(plan.cfg, device)
+        fresh = plan.state is None
+        owner = rundir.RunDir(plan.run_dir, fresh, auto=resume == "auto") if world.main else contextlib.nullcontext()
+        with owner, rundir.quiet_writer_threads():
+            return plan.run_dir, _run(plan, device, world)
+    finally:
+        distributed.shutdown()
+
+
+def _run(plan: rundir.Resolved, device: torch.device, world: distributed.World) -> dict[str, float]:
+    """Load the data, build (and restore) the trainer, write config.yaml, train; failed writes
+    (a full disk) and allocations end in one line."""
+    cfg, run_dir = plan.cfg, plan.run_dir
+    data = load_data(cfg, device, load_labelled_splits)
+    trainer = None
+    try:
         probe = online_probe(cfg, data, device) if world.main else None
         logger = TensorBoardLogger(run_dir) if world.main else None
         trainer = Trainer(cfg, data.images, device, logger=logger, world=world, probe=probe)
-        if state is not None:
-            trainer.load_state_dict(state)
-            if world.main:
-                print(f"resuming {run_dir} from step {trainer.step}")
+        trainer.run_id = plan.run_id
+        if plan.state is not None:
+            _restore(trainer, plan)
         if world.main:
-            (run_dir / "config.yaml").write_text(dump_config(cfg))
-        try:
-            val = trainer.fit(run_dir)
-        finally:
-            trainer.close()
-        return run_dir, val
-    finally:
-        distributed.shutdown()
+            write_text(run_dir / "config.yaml", dump_config(cfg), "config")
+        val = trainer.fit(run_dir)
+        trainer.close()
+        return val
+    except Exception as e:
+        if trainer is not None:
+            with contextlib.suppress(Exception):
+                trainer.close()
+        if is_out_of_memory(e):
+            raise out_of_memory(e, device, f"training at step {trainer.step if trainer else 0}") from None
+        if isinstance(e, UserError) and not hasattr(e, "errno"):
+            raise
+        failure = rundir.write_failure(e, run_dir, trainer.step if trainer else 0) if world.main else None
+        if failure is None:
+            raise
+        raise failure from None
+    except BaseException:
+        if trainer is not None:
+            with contextlib.suppress(Exception):
+                trainer.close()
+        raise
+
+
+def load_data(cfg: Config, device: torch.device, loader=load_splits):
+    """`loader(cfg)` (`load_splits` or `load_labelled_splits`), with a file-system error or an
+    allocation failure as one line."""
+    try:
+        return loader(cfg)
+    except OSError as e:
+        where = f" under data.path {cfg.data.path}" if cfg.data.source != "shapes" else ""
+        raise UserError(f"cannot read the {cfg.data.source} data{where} ({reason(e)}); check data.path") from None
+    except Exception as e:
+        if is_out_of_memory(e):
+            raise out_of_memory(e, device, "loading the data") from None
+        raise
+
+
+def _restore(trainer: Trainer, plan: rundir.Resolved) -> None:
+    """Load the resumed checkpoint into the trainer and say so (one stdout line)."""
+    try:
+        trainer.load_state_dict(plan.state)
+    except UserError:
+        raise
+    except (KeyError, TypeError, ValueError, RuntimeError, IndexError, AttributeError) as e:
+        raise describe_load_failure(e, plan.source) from None
+    for group in trainer.optimizer.param_groups:  # torch checks the counts, not the shapes, of the moments
+        for p in group["params"]:
+            for k, v in trainer.optimizer.state.get(p, {}).items():
+                if torch.is_tensor(v) and v.dim() > 0 and v.shape != p.shape:
+                    raise describe_load_failure(
+                        ValueError(f"optimizer {k} of shape {tuple(v.shape)} for a parameter of {tuple(p.shape)}"),
+                        plan.source,
+                    )
+    if not trainer.world.main:
+        return
+    changed = f" (changed: {'; '.join(plan.changes)})" if plan.changes else ""
+    if plan.run_id == plan.state.get("run_id") or rundir._same_dir(plan.source.parent, plan.run_dir):
+        print(f"resuming {plan.run_dir} from step {trainer.step}{changed}", flush=True)
+    else:
+        print(f"starting a new run in {plan.run_dir} from {plan.source} (step {trainer.step}){changed}", flush=True)
 
 
 def check_ratio(ratio: float) -> None:
@@ -109,13 +154,6 @@ def check_ratio(ratio: float) -> None:
 def _check_split(split: str) -> None:
     if split not in SPLITS:
         raise UserError(f"unknown split '{split}'; use one of {', '.join(SPLITS)}")
-
-
-def _check_out(out: Path) -> None:
-    if out.suffix.lower() != ".png":
-        raise UserError(f"--out {out} must end in .png; pass a PNG path such as recon.png")
-    if not out.parent.is_dir():
-        raise UserError(f"the folder of --out {out} does not exist; create {out.parent} or pick another --out")
 
 
 EVAL_STRATEGIES = ("random", "block")
@@ -138,6 +176,7 @@ def evaluate_checkpoint(
     drawn from `seed`; with `centre_box`, also the centre box; with `nll`, the likelihood bound
     and its baselines (likelihood.nll_report) under "nll"."""
     _check_split(split)
+    check_seed(seed, "--seed")
     ratios = [ratios] if isinstance(ratios, (int, float)) else list(ratios or [])
     for r in ratios:
         check_ratio(r)
@@ -151,7 +190,8 @@ def evaluate_checkpoint(
     box = centre_box_mask(d.grid)
     if centre_box and not box.any():
         raise UserError(f"--centre-box needs at least 2x2 patches; this model's grid is {d.grid}x{d.grid}")
-    splits = load_splits(cfg)
+    check_fits(cfg, device, training=False)
+    splits = load_data(cfg, device)
     images = splits[split].to(device)
     train = splits["train"].to(device)
     results = evaluate_split(
@@ -178,17 +218,20 @@ def reconstruct(path: Path, out: Path, n: int, ratio: float | None, split: str, 
     _check_split(split)
     if ratio is not None:
         check_ratio(ratio)
-    if n < 1:
-        raise UserError(f"--n must be at least 1, got {n}")
-    _check_out(out)
+    if not 1 <= n <= MAX_GRID_IMAGES:
+        raise UserError(f"--n must be at least 1 and at most {MAX_GRID_IMAGES} (images in one PNG grid), got {n}")
+    check_seed(seed, "--seed")
+    check_out_file(out, inputs=(path,))
     device = resolve_device(device_name)
     model, cfg, _ = load_model(path, device)
-    images = load_splits(cfg)[split][:n].to(device)
+    check_fits(cfg, device, training=False)
+    images = load_data(cfg, device)[split][:n].to(device)
     ratio = cfg.mask.ratio if ratio is None else ratio
     batch = next(eval_batches(images, cfg, ratio, seed, len(images)))
     with torch.inference_mode():
         pred = model(batch.patches, batch.mask).argmax(-1)  # (n, N)
-    save_grid(reconstruction_grid(images, batch.mask, pred, cfg.data.patch_size), out, scale=4)
+    grid = reconstruction_grid(images, batch.mask, pred, cfg.data.patch_size)
+    write_atomically(out, lambda f: save_grid(grid, f, scale=4), "--out")
     return out
 
 
@@ -214,14 +257,17 @@ def inpaint(
     options = DecodeOptions(steps, temperature, order, choice_temperature)  # checks every value
     if not iterative:
         options = dataclasses.replace(options, steps=1)
-    if samples < 1:
-        raise UserError(f"--samples must be at least 1, got {samples}")
+    if not 1 <= samples <= MAX_GRID_IMAGES:
+        raise UserError(
+            f"--samples must be at least 1 and at most {MAX_GRID_IMAGES} (completions in one PNG grid), got {samples}"
+        )
     if samples > 1 and options.deterministic:
         raise UserError(
             f"--samples {samples} at --temperature 0 would give {samples} identical completions; "
             "pass --temperature 1 (or --order random, or --choice-temperature 4.5)"
         )
-    _check_out(out)
+    check_seed(seed, "--seed")
+    check_out_file(out, inputs=(image, mask_path, path))
     device = resolve_device(device_name)
     model, cfg, _ = load_model(path, device)
     d = cfg.data
@@ -238,11 +284,12 @@ def inpaint(
     classes = decode_masked(model, picture, mask, d.patch_size, options, generator)  # (K, N)
     filled = paste_predictions(picture, mask, classes, d.patch_size)  # (K, S, S)
     if samples == 1:
-        save_binary_image(filled[0], out)
+        write_atomically(out, lambda f: save_binary_image(filled[0], f), "--out")
     else:  # the input with its hole grey, then the completions
         tiles = torch.cat([picture[:1], filled])  # (K + 1, S, S)
         hole = torch.cat([mask[:1], torch.zeros_like(mask)])  # (K + 1, N): grey only on the input
-        save_grid(image_grid(tiles, min(samples + 1, 8), hole, d.patch_size), out, scale=4)
+        grid = image_grid(tiles, min(samples + 1, 8), hole, d.patch_size)
+        write_atomically(out, lambda f: save_grid(grid, f, scale=4), "--out")
     return {
         "out": str(out),
         "filled_patches": int(mask[0].sum()),
@@ -264,16 +311,18 @@ def sample(
     choice_temperature: float = 0.0,
 ) -> dict:
     """Generate `n` images from a fully masked canvas (sampling.sample_images); write them as one PNG grid."""
-    if n < 1:
-        raise UserError(f"--n must be at least 1, got {n}")
+    if not 1 <= n <= MAX_GRID_IMAGES:
+        raise UserError(f"--n must be at least 1 and at most {MAX_GRID_IMAGES} (images in one PNG grid), got {n}")
     options = DecodeOptions(steps, temperature, order, choice_temperature)  # checks every value
-    _check_out(out)
+    check_seed(seed, "--seed")
+    check_out_file(out, inputs=(path,))
     device = resolve_device(device_name)
     model, cfg, _ = load_model(path, device)
     d = cfg.data
     generator = torch.Generator(device=device).manual_seed(seed)
     images = sample_images(model, n, d.image_size, d.patch_size, options, generator, device)  # (n, S, S)
-    save_grid(image_grid(images, math.ceil(math.sqrt(n))), out, scale=3)
+    grid = image_grid(images, math.ceil(math.sqrt(n)))
+    write_atomically(out, lambda f: save_grid(grid, f, scale=3), "--out")
     return {"out": str(out), "n": n, "image_size": d.image_size, "steps": steps, "temperature": temperature}
 
 
@@ -283,6 +332,7 @@ def count_params(config: Path | None, checkpoint: Path | None, overrides: list[s
     if (config is None) == (checkpoint is None):
         raise UserError("count-params needs exactly one of --config PATH or --checkpoint PATH")
     cfg = checkpoint_config(checkpoint, overrides) if checkpoint is not None else load_config(config, overrides)
+    check_model_fits(cfg)
     return param_rows(build_model(cfg))
 
 
@@ -291,6 +341,13 @@ def preview(config: Path | None, overrides: list[str], out: Path, count: int, se
     from vitmask.preview import format_stats, write_preview
 
     cfg = resolve_config(config, overrides)
+    if not 1 <= count <= MAX_GRID_IMAGES:
+        raise UserError(
+            f"--count must be at least 1 and at most {MAX_GRID_IMAGES} (images in one PNG grid), got {count}"
+        )
+    check_seed(seed, "--seed")
+    check_out_file(out, make_folder=True)
+    check_fits(cfg, torch.device("cpu"), training=False, what="loading the data of")
     stats = write_preview(load_splits(cfg), cfg, out, count, seed)
     return format_stats(stats, cfg)
 
@@ -301,6 +358,8 @@ def probe_checkpoint(path: Path, split: str, layer: int | None, k: int, seed: in
     if split not in ("val", "test"):
         raise UserError(f"unknown split '{split}' for probe; use val or test (the probes are fitted on train)")
     device = resolve_device(device_name)
+    check_seed(seed, "--seed")
     model, cfg, _ = load_model(path, device)
-    report = run_probes(model, cfg, load_labelled_splits(cfg), split, layer, k, seed)
+    check_fits(cfg, device, training=False)
+    report = run_probes(model, cfg, load_data(cfg, device, load_labelled_splits), split, layer, k, seed)
     return {"checkpoint": str(path), **report}

@@ -47,12 +47,16 @@ class DecodeOptions:
     def __post_init__(self) -> None:
         if self.steps < 1:
             raise UserError(f"--steps must be at least 1, got {self.steps}")
-        if not self.temperature >= 0:  # also refuses NaN
-            raise UserError(f"--temperature must be >= 0 (0 = the most likely class), got {self.temperature}")
+        if not 0 <= self.temperature < math.inf:  # also refuses NaN
+            raise UserError(
+                f"--temperature must be >= 0 and finite (0 = the most likely class), got {self.temperature}"
+            )
         if self.order not in ORDERS:
             raise UserError(f"--order must be one of {', '.join(ORDERS)}, got '{self.order}'")
-        if not self.choice_temperature >= 0:
-            raise UserError(f"--choice-temperature must be >= 0 (0 = no noise), got {self.choice_temperature}")
+        if not 0 <= self.choice_temperature < math.inf:
+            raise UserError(
+                f"--choice-temperature must be >= 0 and finite (0 = no noise), got {self.choice_temperature}"
+            )
 
     @property
     def deterministic(self) -> bool:

@@ -19,6 +19,9 @@ import torch
 RECT, ELLIPSE, LINE, TRIANGLE = range(4)
 KINDS = ("rectangle", "ellipse", "line", "triangle")  # label i names kind i
 MAX_SHAPES = 3
+# pixels drawn per chunk: 2048 images up to 64 x 64, fewer above, so the (n, S, H, W) float
+# temporaries of a chunk stay near 2 GiB whatever the image size (vitmask.memory counts them)
+CHUNK_PIXELS = 2048 * 64 * 64
 
 
 def _segment_distance(px, py, ax, ay, bx, by):
@@ -96,6 +99,7 @@ def generate_labelled(
     n: int, size: int, generator: torch.Generator, chunk: int = 2048
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(n, size, size) uint8 binary images and their (n,) int64 labels, deterministic for the generator's state."""
+    chunk = max(1, min(chunk, CHUNK_PIXELS // (size * size)))
     parts = [_draw_chunk(min(chunk, n - i), size, generator) for i in range(0, n, chunk)]
     if not parts:
         return torch.zeros(0, size, size, dtype=torch.uint8), torch.zeros(0, dtype=torch.long)

@@ -21,6 +21,7 @@ images, their order and the split are the same with or without them.
 
 import difflib
 import gzip
+import math
 import shutil
 import sys
 import tempfile
@@ -30,6 +31,7 @@ import torch
 
 from vitmask.config import DataConfig
 from vitmask.errors import UserError
+from vitmask.memory import available_bytes, check_bytes, check_images_fit
 from vitmask.preprocess import binarize_images, binarize_list, load_image_file, to_gray_uint8
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
@@ -95,6 +97,7 @@ def load_source_labelled(cfg: DataConfig, seed: int) -> tuple[dict[str, torch.Te
     {"train", "val", "test"} of int64 (n,), or the line saying why the source has none."""
     readers = {"torchvision": read_torchvision, "idx": read_idx, "folder": read_folder, "npz": read_npz}
     raw, labels = readers[cfg.source](cfg)
+    check_images_fit(sum(len(v) for v in raw.values()), cfg.image_size)
     binary = {k: binarize_list(v, cfg) if isinstance(v, list) else binarize_images(v, cfg) for k, v in raw.items()}
     plan = split_plan({k: len(v) for k, v in binary.items()}, cfg, seed)
     return take(binary, plan), labels if isinstance(labels, str) else take(labels, plan)
@@ -249,28 +252,36 @@ def read_folder(cfg: DataConfig) -> tuple[dict[str, Raw], Labels]:
         raise UserError(f"no PNG, JPEG or BMP files under {root}; point data.path at a folder of images")
     bad: list[tuple[Path, str]] = []
     out: dict[str, Raw] = {}
+    free = available_bytes(torch.device("cpu"))
+    budget, held = (free // 2 if free is not None else None), 0  # full-size images, before fitting
     kept: dict[str, list[Path]] = {k: [] for k in files}  # the files read, in the order of their images
     for k, paths in files.items():
         images = []
         for p in paths:
             try:
-                images.append(load_image_file(p))
-                kept[k].append(p)
+                image = load_image_file(p)
             except UserError as e:
                 if cfg.bad_files == "fail":
                     raise UserError(
                         f"{e} (data.bad_files is fail: remove the file, or set data.bad_files=skip)"
                     ) from None
                 bad.append((p, str(e)))
+                continue
+            held += image.numel()
+            if budget is not None and held > budget:
+                raise UserError(
+                    f"the images under {root} take more than {held / 2**30:.1f} GiB at full size, over half the free "
+                    "memory; shrink them first, or use fewer"
+                )
+            images.append(image)
+            kept[k].append(p)
         if not images and total > len(bad):
             raise UserError(f"{groups[k]} holds no readable images; put PNG, JPEG or BMP files in it")
         out[k] = images
     if len(bad) == total:
-        raise UserError(
-            f"none of the {total} image files under {root} could be read (first: {bad[0][0]}); check the files"
-        )
+        raise UserError(f"none of the {total} image files under {root} could be read (first: {bad[0][1]})")
     if bad:
-        warn(f"skipped {len(bad)} of {total} image files under {root} that could not be read (first: {bad[0][0]})")
+        warn(f"skipped {len(bad)} of {total} image files under {root} that could not be read (first: {bad[0][1]})")
     return out, folder_labels({k: groups[k] for k in kept}, kept)
 
 
@@ -311,9 +322,15 @@ def read_npz(cfg: DataConfig) -> tuple[dict[str, Raw], Labels]:
                     f"{path} has no array '{cfg.npz_key}' (it holds: {', '.join(archive.files) or 'nothing'}); "
                     f"{hint}set data.npz_key to the key of the image array"
                 )
+            with archive.zip.open(f"{cfg.npz_key}.npy") as member:  # the header first: shape and dtype
+                fmt = np.lib.format
+                header = fmt.read_array_header_1_0 if fmt.read_magic(member) == (1, 0) else fmt.read_array_header_2_0
+                shape, _, dtype = header(member)
+            what = f"array '{cfg.npz_key}' of {path}, {shape} {dtype},"
+            check_bytes(math.prod(shape) * (dtype.itemsize + 8), what, "store fewer or smaller images")
             array = archive[cfg.npz_key]
             labels = npz_labels(archive, cfg.npz_labels_key, path, len(array))
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as e:
         raise UserError(
             f"{path} is not a readable .npz archive ({e.__class__.__name__}); save the images with numpy.savez"
         ) from None

@@ -65,6 +65,7 @@ class Trainer:
         self._grad_norm_sum = torch.zeros((), device=device)  # since the last log
         self._steps_since_log = 0
         self._lr = t.lr  # the lr of the last step (a Python float)
+        self.run_id: str | None = None  # the run's id, saved in every checkpoint (rundir.py)
         self._stepped = False  # whether a step has run in this process (a compiled one compiles)
 
     # ---- one step ---------------------------------------------------------------------------
@@ -118,6 +119,7 @@ class Trainer:
             "best_val_loss": self.validator.best_loss,
             "majority_class": self.validator.majority_class,
             "config": self.cfg.to_dict(),
+            "run_id": self.run_id,
         }
 
     def load_state_dict(self, state: dict) -> None:

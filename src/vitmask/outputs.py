@@ -1,0 +1,167 @@
+"""Every file vitmask writes outside a checkpoint's own logic goes through here: checked, atomic.
+
+`check_out_file` vets an output path before any work is done (a folder, a missing folder, a
+regular file where a folder is needed, a device or FIFO, the wrong suffix, an input it would
+overwrite), so a long eval never ends in an unwritable path. `write_atomically` writes to a temp
+file beside the target, flushes it to disk, then `os.replace`s it over the target: a crash, a
+signal or a full disk mid-write leaves the old file (or none), never a 0-byte or partial one, and
+the temp file is removed on any failure.
+
+A failed write raises `WriteError`, a `UserError` that says in one line what failed and why (the
+disk is full, the file system is read-only, permission denied, ...) and keeps the `errno`, so a
+caller with more context (the trainer: which checkpoint survived) can say more.
+"""
+
+import errno
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import BinaryIO
+
+from vitmask.errors import UserError
+
+DISK_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+REASONS = {
+    errno.ENOSPC: "the disk is full (no space left on the device)",
+    errno.EDQUOT: "the disk quota is exceeded",
+    errno.EFBIG: "the file would be too large for the file system",
+    errno.EROFS: "the file system is read-only",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "operation not permitted",
+    errno.EISDIR: "it is a folder",
+    errno.ENOTDIR: "a part of the path is a file, not a folder",
+    errno.ENOENT: "no such file or folder",
+    errno.ENAMETOOLONG: "the file name is too long",
+    errno.EIO: "an input/output error from the device",
+}
+
+
+class WriteError(UserError):
+    """A file could not be written; `errno` says why, `path` is the file."""
+
+    def __init__(self, message: str, path: Path, err: int | None, why: str):
+        super().__init__(message)
+        self.path = path
+        self.errno = err
+        self.reason = why
+
+    @property
+    def disk_full(self) -> bool:
+        return self.errno in DISK_FULL
+
+
+def reason(e: OSError) -> str:
+    """A short, plain reason for an OSError: 'the disk is full (...)', 'permission denied', ..."""
+    return REASONS.get(e.errno, (e.strerror or e.__class__.__name__).lower())
+
+
+def os_error_in(e: BaseException) -> OSError | None:
+    """`e` itself if it is an OSError, else the first OSError it was raised from (torch wraps them)."""
+    seen = 0
+    while e is not None and seen < 16:
+        if isinstance(e, OSError):
+            return e
+        e = e.__cause__ or e.__context__
+        seen += 1
+    return None
+
+
+def write_error(e: OSError, path: Path, what: str = "") -> WriteError:
+    """The WriteError for an OSError met while writing `path`."""
+    label = f"{what} {path}" if what else str(path)
+    fix = "free some space and run it again" if e.errno in DISK_FULL else "pick a writable path"
+    where = f" (on the device holding {path.parent})" if e.errno in DISK_FULL else ""
+    why = reason(e)
+    return WriteError(f"cannot write {label}: {why}{where}; nothing was written; {fix}", path, e.errno, why)
+
+
+def temp_path(path: Path) -> Path:
+    """The temp file beside `path` that an atomic write goes through: hidden, per process, and
+    ending in the target's suffix (so a library that picks a format by the name picks the right one)."""
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}{path.suffix}")
+
+
+def write_atomically(
+    path: str | Path, write: Callable[[BinaryIO], None], what: str = "", make_folder: bool = False
+) -> Path:
+    """Call `write(f)` on a temp file beside `path`, fsync it, and move it over `path`.
+
+    On any failure the temp file is removed and `path` is as it was; an OSError (also one that a
+    library wrapped in another exception) becomes a one-line `WriteError`. With `make_folder`, the
+    missing folders of `path` are created first.
+    """
+    path = Path(path)
+    tmp = temp_path(path)
+    try:
+        if make_folder:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except Exception as e:
+        cause = os_error_in(e)
+        if cause is None:
+            raise
+        raise write_error(cause, path, what) from None
+    finally:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+    return path
+
+
+def write_bytes(path: str | Path, data: bytes, what: str = "") -> Path:
+    return write_atomically(path, lambda f: f.write(data), what)
+
+
+def write_text(path: str | Path, text: str, what: str = "") -> Path:
+    return write_bytes(path, text.encode(), what)
+
+
+def check_out_file(
+    path: str | Path,
+    flag: str = "--out",
+    suffixes: tuple[str, ...] = (".png",),
+    inputs: tuple[str | Path | None, ...] = (),
+    make_folder: bool = False,
+) -> Path:
+    """Refuse an output path that cannot or must not be written, before any work is done.
+
+    `suffixes` are the accepted endings (empty: any); `inputs` are files the command reads, which
+    the output must not replace. With `make_folder`, the folder may be missing (the writer
+    creates it: `write_atomically(..., make_folder=True)`) if the nearest existing one is writable.
+    """
+    path = Path(path)
+    example = f"out{suffixes[0]}" if suffixes else "out.txt"
+    if suffixes and path.suffix.lower() not in suffixes:
+        kinds = " or ".join(suffixes)
+        raise UserError(f"{flag} {path} must end in {kinds} (it must be a {kinds} file); pass a path such as {example}")
+    if path.is_dir():
+        raise UserError(f"{flag} {path} is a folder; pass a file path such as {path / example}")
+    if path.exists() and not path.is_file():
+        raise UserError(f"{flag} {path} exists and is not a regular file; pass a new file path such as {example}")
+    for source in inputs:
+        if source is not None and _same_file(path, Path(source)):
+            raise UserError(f"{flag} {path} is the input file {source}; it would be overwritten; write to another path")
+    folder = path.parent
+    if make_folder:  # the nearest folder that exists must take the new ones
+        folder = next(q for q in [folder, *folder.parents] if q.exists() or q == q.parent)
+    if not folder.exists():
+        raise UserError(f"the folder of {flag} {path} does not exist; create {folder} or pick another {flag}")
+    if not folder.is_dir():
+        raise UserError(f"the folder of {flag} {path} is a file ({folder}), not a folder; pick another {flag}")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise UserError(f"cannot write into {folder} (permission denied); pick another {flag}")
+    return path
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        if a.exists() and b.exists():
+            return os.path.samefile(a, b)
+        return a.resolve() == b.resolve()
+    except OSError:
+        return False
