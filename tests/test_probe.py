@@ -1,9 +1,11 @@
 """The probes against hand-made expectations: a linear probe on separable features, k-NN against a
-hand-computed vote and a brute-force reference, features against the model's own forward pass,
-the `probe` command end to end, its bad input, and the online probe during training."""
+hand-computed vote and a brute-force reference, features against the model's own forward pass
+(mean-pooled, grid-pooled by a loop, several layers), the `probe` command end to end, its bad
+input, and the online probe during training."""
 
 import json
 import math
+import re
 import subprocess
 from collections import Counter
 
@@ -236,3 +238,115 @@ def test_train_with_probe_every_prints_the_probe_or_warns_once_without_labels(ru
     err = [ln for ln in res.stderr.splitlines() if ln.strip()]
     assert len(err) == 1 and "train.probe_every is set but the online probe is off" in err[0], res.stderr
     assert "has no array 'labels'" in err[0] and "probe on val" not in res.stdout
+
+
+# ---- pooling: --pool grid, several --layer --------------------------------------------------------
+def cell_means_by_loop(tokens: torch.Tensor, grid: int) -> torch.Tensor:
+    """The grid pooling written out: for each image and each cell (row-major), the sum of the cell's
+    tokens (patch (r, c) is token r * g + c) over their count; the cells' vectors one after another."""
+    n, num_tokens, d = tokens.shape
+    g = math.isqrt(num_tokens)
+    side = g // grid
+    out = torch.zeros(n, grid * grid * d, dtype=torch.float64)
+    for b in range(n):
+        for cell_row in range(grid):
+            for cell_col in range(grid):
+                total = torch.zeros(d, dtype=torch.float64)
+                for r in range(cell_row * side, (cell_row + 1) * side):
+                    for c in range(cell_col * side, (cell_col + 1) * side):
+                        total += tokens[b, r * g + c].double()
+                cell = cell_row * grid + cell_col
+                out[b, cell * d : (cell + 1) * d] = total / side**2
+    return out.float()
+
+
+def test_grid_pooling_is_the_mean_of_each_cell():
+    # a 4x4 grid of one-feature tokens numbered 0..15 row-major, in 2x2 cells of 2x2 patches:
+    #    0  1 |  2  3
+    #    4  5 |  6  7      top-left (0+1+4+5)/4 = 2.5, top-right (2+3+6+7)/4 = 4.5,
+    #   ------+------      bottom-left (8+9+12+13)/4 = 10.5, bottom-right 12.5
+    #    8  9 | 10 11
+    #   12 13 | 14 15
+    tokens = torch.arange(16.0).view(1, 16, 1)
+    assert probe.pool_tokens(tokens, 2).tolist() == [[2.5, 4.5, 10.5, 12.5]]
+    assert probe.pool_tokens(tokens, 1).tolist() == [[7.5]] and probe.pool_tokens(tokens).tolist() == [[7.5]]
+    assert probe.pool_tokens(tokens, 4).tolist() == [list(range(16))]  # one patch a cell: the tokens themselves
+    g = torch.Generator().manual_seed(2)
+    tokens = torch.randn(3, 36, 5, generator=g)  # a 6x6 grid, 5 features a token
+    for grid in (1, 2, 3, 6):
+        torch.testing.assert_close(probe.pool_tokens(tokens, grid), cell_means_by_loop(tokens, grid))
+
+
+def test_grid_and_layer_features_are_the_forward_pass_tokens_pooled_by_hand(ckpt, monkeypatch):
+    model, cfg, _ = load_model(ckpt, CPU)
+    images = load_labelled_splits(cfg).images["test"][:20]  # (20, 16, 16): an 8x8 grid of 2x2 patches
+    patches = patchify(images, 2).float()  # (20, 64, 4)
+    seen = {}
+    hooks = [model.norm.register_forward_hook(lambda m, i, o: seen.__setitem__("final", o))]
+    for k in (1, 2):
+        hooks.append(model.blocks[k - 1].register_forward_hook(lambda m, i, o, k=k: seen.__setitem__(k, o)))
+    with torch.no_grad():
+        model(patches, torch.zeros(20, 64, dtype=torch.bool))  # nothing masked, every token computed
+    for h in hooks:
+        h.remove()
+    monkeypatch.setattr(probe, "FEATURE_BATCH", 6)  # 4 batches, the last one short
+    grid4 = probe.extract_features(model, images, 2, grid=4)
+    torch.testing.assert_close(grid4, cell_means_by_loop(seen["final"], 4), rtol=0, atol=1e-5)
+    assert grid4.shape == (20, 4 * 4 * 32)
+    both = probe.extract_features(model, images, 2, layer=[2, 1], grid=2)  # block 2's cells, then block 1's
+    expected = torch.cat([cell_means_by_loop(seen[2], 2), cell_means_by_loop(seen[1], 2)], dim=1)
+    torch.testing.assert_close(both, expected, rtol=0, atol=1e-5)
+    # the mean stays what it was: the plain average of the final normalised tokens
+    torch.testing.assert_close(probe.extract_features(model, images, 2), seen["final"].mean(1), rtol=0, atol=1e-5)
+
+
+def test_probe_pool_grid_reports_its_features_in_the_table_and_the_json(run_cli, ckpt, monkeypatch):
+    monkeypatch.setattr(probe, "LBFGS_ITERS", 30)  # time: the numbers are compared, not judged
+    args = ["probe", "--checkpoint", ckpt, "--device", "cpu", "--k", "5", "--pool", "grid", "--grid", "2"]
+    table = run_cli(*args, "--layer", "1", "--layer", "2")
+    assert table.returncode == 0, table.stderr
+    features = "means of the 2x2 grid's cells (4x4 patches each) of the output tokens of blocks 1, 2"
+    assert f"features: {features}, each block's concatenated (256-d)\n" in table.stdout  # 2 blocks x 4 cells x 32
+    report = json.loads(run_cli(*args, "--json").stdout)
+    assert (report["pool"], report["grid"], report["layer"], report["feature_dim"]) == ("grid", 2, None, 128)
+    assert report["features"] == "means of the 2x2 grid's cells (4x4 patches each) of the final normalised tokens"
+    # the model row: the same probes on the final normalised tokens pooled by hand
+    model, cfg, _ = load_model(ckpt, CPU)
+    data = load_labelled_splits(cfg)
+    final = []
+    hook = model.norm.register_forward_hook(lambda m, i, o: final.append(o))
+    with torch.no_grad():
+        for split in ("train", "val", "test"):
+            patches = patchify(data.images[split], 2).float()  # (n, 64, 4)
+            model(patches, torch.zeros(patches.shape[:2], dtype=torch.bool))
+    hook.remove()
+    feats = {split: cell_means_by_loop(t, 2) for split, t in zip(("train", "val", "test"), final, strict=True)}
+    labels, classes = probe.class_indices(data.labels)
+    by_hand = probe.probe_features(feats, labels, "test", 5, classes)
+    assert report["results"]["model"]["knn_acc"] == by_hand["knn_acc"]
+    open("/tmp/pool_dbg.txt", "w").write(repr((report["results"]["model"], by_hand)))
+    assert report["results"]["model"]["linear_acc"] == pytest.approx(by_hand["linear_acc"], abs=2 / 64)
+    default = json.loads(run_cli("probe", "--checkpoint", ckpt, "--device", "cpu", "--k", "5", "--json").stdout)
+    assert (default["pool"], default["grid"], default["layer"], default["feature_dim"]) == ("mean", None, None, 32)
+    assert default["features"] == "mean of the final normalised tokens"
+
+
+def test_probe_bad_grid_is_one_line(run_cli, ckpt):
+    res = run_cli("probe", "--checkpoint", ckpt, "--device", "cpu", "--pool", "grid", "--grid", "3")
+    assert_user_error(res, "--grid 3 does not divide the 8x8 patch grid", "pass one of 1, 2, 4, 8")
+
+
+def test_probe_pool_and_layer_mistakes_are_user_errors(ckpt):
+    model, cfg, _ = load_model(ckpt, CPU)
+    data = load_labelled_splits(cfg)
+    cases = [
+        ({"pool": "grid", "grid": 0}, "--grid 0 does not divide the 8x8 patch grid (16-pixel images in 2-pixel"),
+        ({"pool": "grid", "grid": 16}, "--grid 16 does not divide the 8x8 patch grid"),
+        ({"pool": "max"}, "unknown --pool 'max'; use mean"),
+        ({"grid": 2}, "--grid 2 needs --pool grid; add --pool grid, or leave --grid out"),
+        ({"layer": [1, 3]}, "--layer 3 is out of range: the model has 2 blocks"),
+        ({"layer": [2, 1, 2]}, "--layer 2 is given twice; name each layer once"),
+    ]
+    for kwargs, message in cases:
+        with pytest.raises(UserError, match=re.escape(message)):
+            probe.run_probes(model, cfg, data, "test", **kwargs)

@@ -128,10 +128,17 @@ def eval_(
 def probe(
     checkpoint: Path = typer.Option(..., "--checkpoint", help="A .pt checkpoint written by vitmask train."),
     split: str = typer.Option("test", "--split", help="val | test: where the probes are scored."),
-    layer: int = typer.Option(
-        None,
+    layer: list[int] = typer.Option(
+        [],
         "--layer",
-        help="Features from block K's output (1..depth; 0: the embedded patches); default the final normalised tokens.",
+        help="Features from block K's output (1..depth; 0: the embedded patches); default the final normalised "
+        "tokens. Repeat it (--layer 2 --layer 4) to concatenate several blocks' features.",
+    ),
+    pool: str = typer.Option(
+        "mean", "--pool", help="mean | grid: the mean of all tokens, or of each cell of a --grid, concatenated."
+    ),
+    grid: int = typer.Option(
+        None, "--grid", help="--pool grid: G cells a side, G dividing the patches a side (default 4): G*G*D features."
     ),
     k: int = typer.Option(20, "--k", help="Neighbours that vote in the k-NN probe."),
     seed: int = typer.Option(
@@ -144,7 +151,8 @@ def probe(
     random weights and the majority class."""
     from vitmask.probe import format_report
 
-    report = runner.probe_checkpoint(checkpoint, split, layer, k, seed, device)
+    layers = layer[0] if len(layer) == 1 else (layer or None)
+    report = runner.probe_checkpoint(checkpoint, split, layers, k, seed, device, pool, grid)
     print(json.dumps(report) if as_json else format_report(report))
 
 

@@ -346,14 +346,6 @@ class MaskedPatchViT(nn.Module):
         full = logits.new_zeros(*mask.shape, logits.shape[-1])  # (B, N, C)
         return full.scatter(1, ids.unsqueeze(-1).expand_as(logits), logits)  # (B, N, C)
 
-    def features(self, patches: torch.Tensor, layer: int | None = None) -> torch.Tensor:
-        """patches (B, N, P) float pixels, none masked -> (B, D) image features for probes.
-
-        The mean over the N tokens of the final normalised tokens (what the head reads), or with
-        `layer` K of block K's output (1..depth; 0 is the embedded patches, before any block).
-        """
-        return self.forward_encoder(patches, depth=layer).mean(1)  # (B, D): nothing masked, no fill applies
-
 
 def build_model(cfg: Config) -> MaskedPatchViT:
     d = cfg.data

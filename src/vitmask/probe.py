@@ -1,8 +1,11 @@
 """Probes: how much a model's features know about the labels, beside honest floors.
 
-A frozen model sees each whole image (no patch masked) and gives one feature vector per image
-(`MaskedPatchViT.features`: the mean of the final normalised tokens, or of block K's output).
-Two probes are trained on the train split and scored on val or test:
+A frozen model sees each whole image (no patch masked) and gives one feature vector per image:
+its tokens (the final normalised ones, or block K's output, `MaskedPatchViT.forward_encoder`)
+pooled by `pool_tokens`, either their mean (D features) or, with a grid G, the mean of each of the
+G x G cells of the patch grid, concatenated (G*G*D features: where the strokes are is kept). With
+several layers, each layer's pooled tokens are concatenated. Two probes are trained on the train
+split and scored on val or test:
 
 - linear: multinomial logistic regression on features standardised by the train split's mean and
   standard deviation, fitted full-batch by L-BFGS; its L2 strength is the one of `L2_GRID` that
@@ -18,8 +21,13 @@ weights, which come from the seed, so a report is repeatable.
 The online probe (`train.probe_every`) is the k-NN and linear probe on val during training, from
 the first `train.probe_train_images` train images, with a fixed L2 strength.
 
-Shapes: n images, D feature width, C classes, k neighbours, N patches, P pixels per patch.
+Shapes: n images, D feature width, C classes, k neighbours, N patches, P pixels per patch,
+g patches per side of the grid (N = g * g), G cells per side of the pooling grid, c = g / G patches
+per side of a cell.
 """
+
+import math
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -37,23 +45,60 @@ ONLINE_L2 = 1e-3  # online probe: the linear probe's fixed L2 strength (val is w
 ONLINE_ITERS = 100
 FEATURE_BATCH = 256  # images per forward pass when extracting features
 FLOORS = ("random_weights", "raw_pixels")
+POOLS = ("mean", "grid")  # --pool: the mean of all tokens, or the mean of each cell of a grid
+DEFAULT_GRID = 4  # --pool grid without --grid: 4 x 4 cells (of 4 x 4 patches on MNIST's 16 x 16 grid)
 
 
 # ---- features -------------------------------------------------------------------------------------
+def pool_tokens(tokens: torch.Tensor, grid: int | None = None) -> torch.Tensor:
+    """tokens (n, N, D) of a g x g patch grid (row-major, as `patchify` numbers them) -> features.
+
+    grid None: (n, D), the mean over the N tokens. grid G (dividing g): (n, G*G*D), the mean of each
+    of the G x G cells of c x c patches (c = g / G); cells row-major, each cell's D features together.
+    """
+    if grid is None:
+        return tokens.mean(1)  # (n, D)
+    n, num_tokens, d = tokens.shape
+    c = math.isqrt(num_tokens) // grid
+    cells = tokens.reshape(n, grid, c, grid, c, d)  # (n, G, c, G, c, D): patch row = (cell row, row in cell)
+    return cells.mean((2, 4)).flatten(1)  # (n, G, G, D) -> (n, G*G*D)
+
+
+def as_layers(layer: int | Sequence[int] | None) -> tuple[int | None, ...]:
+    """--layer as a tuple: (None,) for the final normalised tokens, else the blocks in the order given."""
+    if layer is None:
+        return (None,)
+    return (layer,) if isinstance(layer, int) else tuple(layer) or (None,)
+
+
 @torch.no_grad()
 def extract_features(
-    model: MaskedPatchViT, images: torch.Tensor, patch_size: int, layer: int | None = None
+    model: MaskedPatchViT,
+    images: torch.Tensor,
+    patch_size: int,
+    layer: int | Sequence[int] | None = None,
+    grid: int | None = None,
 ) -> torch.Tensor:
-    """images (n, H, W) uint8 -> (n, D) float32 features, in batches on the model's device, in eval mode."""
+    """images (n, H, W) uint8 -> (n, F) float32 features, in batches on the model's device, in eval mode.
+
+    Each layer's tokens (None: the final normalised ones; K: block K's output) pooled by
+    `pool_tokens(tokens, grid)`, the layers concatenated in the order given: F = layers * D, or
+    layers * G*G*D with a grid. Each layer is its own forward pass through the first K blocks.
+    """
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
     out = []
     for chunk in images.split(FEATURE_BATCH):
         patches = patchify(chunk.to(device), patch_size).float()  # (b, N, P)
-        out.append(model.features(patches, layer).float())  # (b, D)
+        # nothing masked, so no fill applies: every token sees the whole image
+        pooled = [pool_tokens(model.forward_encoder(patches, depth=k), grid) for k in as_layers(layer)]
+        out.append(torch.cat(pooled, dim=1).float())  # (b, F)
     model.train(was_training)
-    return torch.cat(out) if out else torch.zeros(0, model.embed.out_features, device=device)
+    if out:
+        return torch.cat(out)
+    cells = 1 if grid is None else grid * grid
+    return torch.zeros(0, len(as_layers(layer)) * cells * model.embed.out_features, device=device)
 
 
 def pixel_features(images: torch.Tensor) -> torch.Tensor:
@@ -159,12 +204,36 @@ def require_labels(data: LabelledSplits, cfg: Config) -> dict[str, torch.Tensor]
     return data.labels
 
 
-def check_layer(layer: int | None, depth: int) -> None:
-    if layer is not None and not 0 <= layer <= depth:
+def check_layer(layer: int | Sequence[int] | None, depth: int) -> None:
+    layers = as_layers(layer)
+    for k in layers:
+        if k is not None and not 0 <= k <= depth:
+            raise UserError(
+                f"--layer {k} is out of range: the model has {depth} blocks; pass 1 to {depth} for a block's "
+                "output, 0 for the embedded patches, or leave it out for the final normalised tokens"
+            )
+    repeated = sorted({k for k in layers if layers.count(k) > 1})
+    if repeated:
+        raise UserError(f"--layer {repeated[0]} is given twice; name each layer once (they are concatenated)")
+
+
+def check_pool(pool: str, grid: int | None, cfg: Config) -> int | None:
+    """--pool and --grid -> the grid G to pool over (None: the mean of all tokens)."""
+    if pool not in POOLS:
+        raise UserError(f"unknown --pool '{pool}'; use mean (all tokens) or grid (the mean of each cell of a grid)")
+    if pool == "mean":
+        if grid is not None:
+            raise UserError(f"--grid {grid} needs --pool grid; add --pool grid, or leave --grid out for the mean")
+        return None
+    grid = DEFAULT_GRID if grid is None else grid
+    g = cfg.data.image_size // cfg.data.patch_size
+    if grid < 1 or g % grid:
+        divisors = ", ".join(str(d) for d in range(1, g + 1) if g % d == 0)
         raise UserError(
-            f"--layer {layer} is out of range: the model has {depth} blocks; pass 1 to {depth} for a block's "
-            "output, 0 for the embedded patches, or leave it out for the final normalised tokens"
+            f"--grid {grid} does not divide the {g}x{g} patch grid ({cfg.data.image_size}-pixel images in "
+            f"{cfg.data.patch_size}-pixel patches); pass one of {divisors}"
         )
+    return grid
 
 
 def check_k(k: int, num_train: int) -> None:
@@ -195,14 +264,19 @@ def run_probes(
     cfg: Config,
     data: LabelledSplits,
     split: str,
-    layer: int | None = None,
+    layer: int | Sequence[int] | None = None,
     k: int = 20,
     seed: int = 0,
+    pool: str = "mean",
+    grid: int | None = None,
 ) -> dict:
     """The probe report of `model` on `split` (val or test): linear and k-NN accuracy of the model's
-    features, the random-weights and raw-pixel floors, and the majority class."""
+    features, the random-weights and raw-pixel floors, and the majority class. `layer`, `pool` and
+    `grid` choose the features (see `extract_features`); the random weights get the same ones."""
     labels = require_labels(data, cfg)
     check_layer(layer, cfg.model.depth)
+    layers = as_layers(layer)
+    grid = check_pool(pool, grid, cfg)
     check_k(k, len(labels["train"]))
     check_classes(labels["train"], "the train split's images", "label the images with their real classes")
     labels, num_classes = class_indices(labels)
@@ -212,30 +286,44 @@ def run_probes(
     p = cfg.data.patch_size
     untrained = random_model(cfg, seed, device)
     features = {
-        "model": {s: extract_features(model, x, p, layer) for s, x in images.items()},
-        "random_weights": {s: extract_features(untrained, x, p, layer) for s, x in images.items()},
+        "model": {s: extract_features(model, x, p, layers, grid) for s, x in images.items()},
+        "random_weights": {s: extract_features(untrained, x, p, layers, grid) for s, x in images.items()},
         "raw_pixels": {s: pixel_features(x.to(device)) for s, x in images.items()},
     }
     results = {name: probe_features(f, labels, split, k, num_classes) for name, f in features.items()}
+    feature_dim = features["model"]["train"].shape[1]
     majority = torch.bincount(labels["train"], minlength=num_classes).argmax()
     results["majority"] = {"acc": accuracy(torch.full_like(labels[split], int(majority)), labels[split])}
     return {
         "split": split,
         "seed": seed,
-        "layer": layer,
+        "layer": layers[0] if len(layers) == 1 else list(layers),  # None, K, or [K1, K2, ...]
+        "pool": pool,
+        "grid": grid,
         "k": k,
-        "features": feature_name(layer),
-        "feature_dim": cfg.model.hidden_dim,
+        "features": feature_name(layers, grid, cfg.data.image_size // cfg.data.patch_size),
+        "feature_dim": feature_dim,
         "classes": num_classes,
         "images": {s: len(images[s]) for s in ("train", "val", split)},
         "results": results,
     }
 
 
-def feature_name(layer: int | None) -> str:
-    if layer is None:
-        return "mean of the final normalised tokens"
-    return "mean of the embedded patches (layer 0)" if layer == 0 else f"mean of block {layer}'s output tokens"
+def feature_name(layer: int | Sequence[int] | None, grid: int | None = None, patch_grid: int = 0) -> str:
+    """What the features are, in words, e.g. "mean of block 2's output tokens" or "means of the
+    4x4 grid's cells (4x4 patches each) of the final normalised tokens"."""
+    layers = as_layers(layer)
+    if len(layers) > 1:
+        zero = " (0: the embedded patches)" if 0 in layers else ""
+        tokens = f"the output tokens of blocks {', '.join(map(str, layers))}{zero}, each block's concatenated"
+    elif layers[0] is None:
+        tokens = "the final normalised tokens"
+    else:
+        tokens = "the embedded patches (layer 0)" if layers[0] == 0 else f"block {layers[0]}'s output tokens"
+    if grid is None:
+        return f"mean of {tokens}"
+    c = patch_grid // grid
+    return f"means of the {grid}x{grid} grid's cells ({c}x{c} patches each) of {tokens}"
 
 
 def format_report(report: dict) -> str:

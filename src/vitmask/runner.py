@@ -352,14 +352,24 @@ def preview(config: Path | None, overrides: list[str], out: Path, count: int, se
     return format_stats(stats, cfg)
 
 
-def probe_checkpoint(path: Path, split: str, layer: int | None, k: int, seed: int, device_name: str) -> dict:
+def probe_checkpoint(
+    path: Path,
+    split: str,
+    layer: int | list[int] | None,
+    k: int,
+    seed: int,
+    device_name: str,
+    pool: str = "mean",
+    grid: int | None = None,
+) -> dict:
     """The probe report of a checkpoint (probe.py): linear and k-NN accuracy on `split` of its
-    features, of random weights and of raw pixels, and the majority class."""
+    features (`layer`, `pool`, `grid`: see `run_probes`), of random weights and of raw pixels, and
+    the majority class."""
     if split not in ("val", "test"):
         raise UserError(f"unknown split '{split}' for probe; use val or test (the probes are fitted on train)")
     device = resolve_device(device_name)
     check_seed(seed, "--seed")
     model, cfg, _ = load_model(path, device)
     check_fits(cfg, device, training=False)
-    report = run_probes(model, cfg, load_data(cfg, device, load_labelled_splits), split, layer, k, seed)
+    report = run_probes(model, cfg, load_data(cfg, device, load_labelled_splits), split, layer, k, seed, pool, grid)
     return {"checkpoint": str(path), **report}
