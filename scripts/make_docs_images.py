@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--steps", type=int, default=8, help="rounds of iterative filling")
     ap.add_argument("--temperature", type=float, default=1.0, help="of the sampled fills and of samples.png")
     ap.add_argument("--samples", type=int, default=64, help="images in samples.png")
-    ap.add_argument("--sample-steps", type=int, default=16, help="rounds of decoding for samples.png")
+    ap.add_argument("--sample-steps", type=int, default=256, help="rounds of decoding for samples.png (random order)")
     ap.add_argument("--nll-strata", type=int, default=16)
     ap.add_argument("--nll-samples", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
@@ -69,7 +69,9 @@ def main(argv: list[str] | None = None) -> None:
     block_table = format_report(runner.evaluate_checkpoint(a.checkpoint, a.split, a.ratios, a.device, a.seed, "block"))
     print(block_table)
     runner.reconstruct(a.checkpoint, out / "reconstruct.png", a.n, None, a.split, a.seed, a.device)
-    runner.sample(a.checkpoint, out / "samples.png", a.samples, a.sample_steps, a.temperature, a.seed, a.device)
+    runner.sample(
+        a.checkpoint, out / "samples.png", a.samples, a.sample_steps, a.temperature, a.seed, a.device, "random"
+    )
 
     model, cfg, _ = load_model(a.checkpoint, device)
     d = cfg.data
@@ -111,7 +113,7 @@ def main(argv: list[str] | None = None) -> None:
     summary = summary_rows(report, nonempty[f"centre box {box_arg}"])
     sample_cmd = (
         f"`vitmask sample --checkpoint CKPT --n {a.samples} --steps {a.sample_steps} --temperature {a.temperature:g} "
-        f"--seed {a.seed} --out samples.png`"
+        f"--seed {a.seed} --order random --out samples.png`"
     )
 
     cmd = " ".join(["python scripts/make_docs_images.py", *sys.argv[1:]]) if argv is None else "make_docs_images.main"

@@ -91,6 +91,11 @@ def test_sample_writes_a_grid_of_binary_images_that_a_seed_repeats(run_cli, ckpt
     assert a.read_bytes() == b.read_bytes()
     assert run_cli(*base, "--seed", "2", "--out", c, "--order", "random").returncode == 0
     assert a.read_bytes() != c.read_bytes()
+    # the default order is random (the any-order sampler), not MaskGIT's confidence order
+    d, e = tmp_path / "d.png", tmp_path / "e.png"
+    assert run_cli(*base, "--seed", "1", "--out", d, "--order", "random").returncode == 0
+    assert run_cli(*base, "--seed", "1", "--out", e, "--order", "confidence").returncode == 0
+    assert a.read_bytes() == d.read_bytes() != e.read_bytes()
 
 
 def test_inpaint_samples_writes_the_input_and_k_different_completions(run_cli, ckpt, user_image, tmp_path):

@@ -225,15 +225,20 @@ def sample(
     checkpoint: Path = typer.Option(..., "--checkpoint", help="A .pt checkpoint written by vitmask train."),
     out: Path = typer.Option(..., "--out", help="The PNG grid to write, e.g. samples.png."),
     n: int = typer.Option(64, "--n", help="Images to generate."),
-    steps: int = typer.Option(16, "--steps", help="Rounds of decoding (at most one per patch)."),
+    steps: int = typer.Option(64, "--steps", help="Rounds of decoding (at most one per patch: N is exact sampling)."),
     temperature: float = typer.Option(1.0, "--temperature", help=TEMPERATURE_HELP),
     seed: int = typer.Option(0, "--seed", help="Seed of the draws: the same seed gives the same images."),
-    order: str = OrderOpt,
+    order: str = typer.Option(
+        "random",
+        "--order",
+        help="Which patches a round keeps: random (the any-order sampler the model was trained as; the default"
+        " here) | confidence (the most probable first, MaskGIT).",
+    ),
     choice_temperature: float = ChoiceOpt,
     device: str = DeviceOpt,
 ) -> None:
     """Generate new images: start from a canvas with every patch masked and decode it over --steps
-    rounds (MaskGIT's cosine schedule); write them as one PNG grid."""
+    rounds (MaskGIT's cosine schedule), keeping patches in random order by default; write one PNG grid."""
     r = runner.sample(checkpoint, out, n, steps, temperature, seed, device, order, choice_temperature)
     print(f"wrote {r['out']}: {r['n']} images of {r['image_size']}x{r['image_size']}")
 

@@ -307,7 +307,7 @@ def sample(
     temperature: float,
     seed: int,
     device_name: str,
-    order: str = "confidence",
+    order: str = "random",
     choice_temperature: float = 0.0,
 ) -> dict:
     """Generate `n` images from a fully masked canvas (sampling.sample_images); write them as one PNG grid."""
