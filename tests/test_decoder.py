@@ -316,3 +316,28 @@ def test_the_decoder_width_defaults_follow_the_encoder():
     dm = m.decoder_config
     assert (dm.hidden_dim, dm.num_heads, dm.ffn_dim, dm.depth, dm.decoder) == (32, 4, 128, 1, "none")
     assert math.isclose(dm.ffn_dim / dm.hidden_dim, m.ffn_dim / m.hidden_dim)
+
+
+@pytest.mark.parametrize("design", DESIGNS)
+def test_probe_features_of_a_decoder_model_are_its_encoder_on_the_whole_image(design):
+    from vitmask.probe import extract_features
+
+    torch.manual_seed(0)
+    model = build_model(decoder_config(**design)).eval()
+    images = (torch.rand(5, 8, 8) < 0.4).to(torch.uint8)  # (n, H, W)
+    seen = []
+    hook = model.norm.register_forward_hook(lambda mod, inp, out: seen.append(out.detach()))
+    feats = extract_features(model, images, 2)  # (n, D)
+    hook.remove()
+    tokens = torch.cat(seen)  # (n, N, D): the encoder's final norm saw every one of the N = 16 patches
+    assert tokens.shape == (5, 16, model.embed.out_features)
+    torch.testing.assert_close(feats, tokens.mean(1))
+    # the decoder takes no part: changing every decoder weight leaves the features as they were
+    with torch.no_grad():
+        for p in model.decoder.parameters():
+            p.add_(1.0)
+    torch.testing.assert_close(extract_features(model, images, 2), feats)
+    # and the features see the pixels of every patch, none of them masked
+    flipped = images.clone()
+    flipped[:, 0:2, 0:2] ^= 1  # patch 0 of every image
+    assert not torch.allclose(extract_features(model, flipped, 2), feats)
