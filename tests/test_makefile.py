@@ -2,6 +2,7 @@
 nothing): `make train` and `make test` create the virtualenv when it is missing, and only then, and
 `make train` passes `--resume auto`."""
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -15,8 +16,16 @@ pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="needs make
 
 def dry_run(target: str, venv: Path) -> list[str]:
     """The commands `make TARGET VENV=venv` would run, one per line."""
+    # under `make test` the parent make's variables would make this one print "make[1]: Entering ..."
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS", "MAKEOVERRIDES")}
     res = subprocess.run(
-        ["make", "-n", target, f"VENV={venv}"], cwd=ROOT, capture_output=True, text=True, timeout=60, check=True
+        ["make", "--no-print-directory", "-n", target, f"VENV={venv}"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
     )
     return [line.strip() for line in res.stdout.splitlines() if line.strip()]
 
