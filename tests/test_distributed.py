@@ -25,10 +25,23 @@ def losses(run_dir) -> list[tuple[int, float]]:
     return out
 
 
+# About one launch in 15 on the 2-core CI machine, rank 1 aborts in gloo's C++ teardown after the
+# run has finished ("terminate called without an active exception", SIGABRT; a barrier before
+# destroy_process_group did not stop it). Such a launch counts as finished only if rank 0 printed
+# "done:" (so every step and checkpoint was written); the outputs are then checked like any other.
+TEARDOWN_ABORT = "terminate called without an active exception"
+
+
 def torchrun(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "vitmask"]
     return subprocess.run([*cmd, *map(str, args)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+
+
+def assert_finished(res: subprocess.CompletedProcess) -> None:
+    if res.returncode != 0 and TEARDOWN_ABORT in res.stderr and "done:" in res.stdout:
+        return  # the known teardown abort, after the work was done (see above)
+    assert res.returncode == 0, res.stderr
 
 
 def test_two_gloo_processes_follow_one_process_and_resume(tmp_path):
@@ -40,11 +53,11 @@ def test_two_gloo_processes_follow_one_process_and_resume(tmp_path):
     res = run_cli("train", "--config", cfg, "--run-dir", one, "--device", "cpu", env={"OMP_NUM_THREADS": "1"})
     assert res.returncode == 0, res.stderr
     res = torchrun("train", "--config", cfg, "--run-dir", two, "--device", "cpu", "--set", "train.max_steps=6")
-    assert res.returncode == 0, res.stderr
+    assert_finished(res)
     assert res.stdout.count("done:") == 1  # only rank 0 reports
     # resume under torchrun, from last.pt at step 6 on to step 8
     res = torchrun("train", "--run-dir", two, "--resume", "auto", "--device", "cpu", "--set", "train.max_steps=8")
-    assert res.returncode == 0, res.stderr
+    assert_finished(res)
     assert res.stdout.count("from step 6") == 1
     assert load_checkpoint(two / "last.pt")["step"] == 8
 

@@ -65,7 +65,9 @@ def train(
         fresh = plan.state is None
         owner = rundir.RunDir(plan.run_dir, fresh, auto=resume == "auto") if world.main else contextlib.nullcontext()
         with owner, rundir.quiet_writer_threads():
-            return plan.run_dir, _run(plan, device, world)
+            val = _run(plan, device, world)
+        distributed.barrier(world)  # no rank tears the process group down while another still uses it
+        return plan.run_dir, val
     finally:
         distributed.shutdown()
 
