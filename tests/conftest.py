@@ -78,3 +78,18 @@ class RecordingLogger:
 
     def close(self) -> None:
         pass
+
+
+@pytest.fixture
+def run_cli_in_process(capsys):
+    """Run `vitmask ARGS` in this process (no torch import per call); returns what `run_cli` would."""
+    from vitmask import cli
+
+    def run(*args) -> subprocess.CompletedProcess:
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as exit_:
+            cli.main([str(a) for a in args])
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(args, exit_.value.code, out, err)
+
+    return run

@@ -5,14 +5,12 @@ the `vitmask` executable), which spares each call a subprocess importing torch.
 """
 
 import json
-import subprocess
 
 import pytest
 import torch
 from PIL import Image
 
 from tests.conftest import assert_user_error, write_config
-from vitmask import cli
 from vitmask.checkpoint import load_model, save_checkpoint
 from vitmask.config import load_config
 from vitmask.data import load_splits
@@ -21,17 +19,9 @@ from vitmask.train import Trainer
 
 
 @pytest.fixture
-def run_cli(capsys):
-    """Run `vitmask ARGS` in-process; returns what the subprocess helper would."""
-
-    def run(*args) -> subprocess.CompletedProcess:
-        capsys.readouterr()
-        with pytest.raises(SystemExit) as exit_:
-            cli.main([str(a) for a in args])
-        out, err = capsys.readouterr()
-        return subprocess.CompletedProcess(args, exit_.value.code, out, err)
-
-    return run
+def run_cli(run_cli_in_process):
+    """This module's CLI tests run in process (conftest.run_cli_in_process)."""
+    return run_cli_in_process
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ input, and the online probe during training."""
 import json
 import math
 import re
-import subprocess
 from collections import Counter
 
 import numpy as np
@@ -15,7 +14,7 @@ import torch
 
 from tests.conftest import TINY, RecordingLogger, assert_user_error, write_config
 from tests.test_sources import numbered_images
-from vitmask import cli, probe
+from vitmask import probe
 from vitmask.checkpoint import load_checkpoint, load_model, save_checkpoint
 from vitmask.config import config_from_dict, load_config
 from vitmask.data import LabelledSplits, load_labelled_splits
@@ -27,17 +26,9 @@ CPU = torch.device("cpu")
 
 
 @pytest.fixture
-def run_cli(capsys):
-    """Run `vitmask ARGS` in-process; returns what the subprocess helper would."""
-
-    def run(*args) -> subprocess.CompletedProcess:
-        capsys.readouterr()
-        with pytest.raises(SystemExit) as exit_:
-            cli.main([str(a) for a in args])
-        out, err = capsys.readouterr()
-        return subprocess.CompletedProcess(args, exit_.value.code, out, err)
-
-    return run
+def run_cli(run_cli_in_process):
+    """This module's CLI tests run in process (conftest.run_cli_in_process)."""
+    return run_cli_in_process
 
 
 @pytest.fixture(scope="module")
