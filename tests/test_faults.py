@@ -737,6 +737,72 @@ def test_a_signal_at_start_up_or_during_data_loading_is_one_line_and_leaves_noth
     assert not run.exists()
 
 
+SLOW_EVAL = """
+import sys, time
+from vitmask import evaluate
+from vitmask.entry import main
+batches = evaluate.eval_batches
+def slow(*args, **kwargs):  # the model takes a minute over each batch
+    for batch in batches(*args, **kwargs):
+        print("evaluating", flush=True)
+        time.sleep(60)
+        yield batch
+evaluate.eval_batches = slow
+sys.argv = ["vitmask", *sys.argv[1:]]
+main()
+"""
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_during_eval_is_one_line_and_leaves_no_partial_report(trained, tmp_path, sig, code):
+    before = snapshot(trained)
+    args = ["eval", "--checkpoint", str(trained / "last.pt"), "--split", "test"]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SLOW_EVAL, *args], cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    assert proc.stdout.readline() == b"evaluating\n"  # in the batch loop, the baselines fitted, the model scoring
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == code, err
+    assert f"stopped by {signal.Signals(sig).name}" in one_line(err.decode())  # no progress bar, no traceback
+    assert out == b""  # no half a report
+    assert snapshot(trained) == before and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("buffered", [True, False])
+def test_a_closed_stdout_ends_eval_quietly_with_the_status_of_sigpipe(trained, tmp_path, buffered):
+    # buffered: the report is written when the command is over; unbuffered: each print fails inside the command
+    env = {k: v for k, v in ENV.items() if k != "PYTHONUNBUFFERED"} | ({} if buffered else {"PYTHONUNBUFFERED": "1"})
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before vitmask writes a byte (`vitmask eval | head -c 0`, a closed pager)
+    try:
+        res = subprocess.run(
+            [sys.executable, "-m", "vitmask", "eval", "--checkpoint", str(trained / "last.pt"), "--split", "test"],
+            cwd=tmp_path,
+            env=env,
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        os.close(write)
+    assert (res.returncode, res.stderr) == (128 + signal.SIGPIPE, "")  # 141, as the shell shows `yes | head -1`
+
+
+def test_a_closed_stdout_ends_every_verb_and_its_help_quietly(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(sys, "stderr", sys.stderr)  # put back after: the parser wraps both streams on EPIPE
+    cfg = write_config(tmp_path / "c.yaml")
+    verbs = [c.name or c.callback.__name__ for c in cli.app.registered_commands]
+    for args in [["--help"], *([v, "--help"] for v in verbs), ["config", "--config", cfg], ["count-params", "-c", cfg]]:
+        read, write = os.pipe()
+        os.close(read)  # the reader is gone; line-buffered, so the first line fails inside the command
+        with open(write, "w", buffering=1) as stdout:
+            monkeypatch.setattr(sys, "stdout", stdout)
+            code, _, err = run_main(capsys, *args)
+        assert (code, err) == (128 + signal.SIGPIPE, ""), args
+
+
 def test_paths_the_file_system_refuses_are_one_line(trained, tmp_path, capsys):
     long = "x" * 300  # longer than any file name may be
     assert long in user_error(capsys, "eval", "--checkpoint", f"{long}.pt")

@@ -4,7 +4,8 @@ Bad input (a `UserError`, or a usage error from the parser, or no command at all
 line on stderr and exit code 2. Training stopped by SIGINT or SIGTERM says where its checkpoint is
 and exits 130 or 143; a signal at any other moment (start-up, data loading, evaluation) ends in one
 line and the same codes, after the clean-up of `finally` blocks (`errors.Stopped`). A closed
-stdout (`vitmask eval | head -1`) ends quietly; a path the file system refuses in a way no check
+stdout (`vitmask eval | head -1`, `--help` too) ends quietly with exit code 141, what a shell
+reports for a writer stopped by SIGPIPE; a path the file system refuses in a way no check
 foresaw (too long, a symlink loop, an I/O error) ends in one line naming it. Anything else is a
 bug and keeps its traceback.
 """
@@ -305,6 +306,17 @@ def _flush_stdout() -> None:
         raise UserError(f"cannot write the output to stdout: {reason(e)}") from None
 
 
+def _run_app(args: list[str]):
+    """The parser and the command. A write to a closed stdout inside them (a command's print, `--help`)
+    is a `BrokenPipeError` here, as it is in `_flush_stdout`, not the parser's own answer to it (exit 1)."""
+    try:
+        return app(args=args, prog_name="vitmask", standalone_mode=False)
+    except SystemExit as e:
+        if isinstance(e.__context__, BrokenPipeError):  # click: `except OSError (EPIPE): sys.exit(1)`
+            raise e.__context__ from None
+        raise
+
+
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else list(argv)
     for stream in (sys.stdout, sys.stderr):  # a path with undecodable bytes must not crash a print
@@ -315,7 +327,7 @@ def main(argv: list[str] | None = None) -> None:
             if not args:
                 names = ", ".join(c.name or c.callback.__name__ for c in app.registered_commands)
                 raise UsageError(f"no command given; use one of {names}")
-            rv = app(args=args, prog_name="vitmask", standalone_mode=False)
+            rv = _run_app(args)
             _flush_stdout()
     except UsageError as e:
         cmd = e.ctx.command_path if e.ctx is not None else "vitmask"

@@ -61,7 +61,9 @@ def evaluate(
     if max_batches:
         total = min(total, max_batches)
     desc = f"eval @ {ratio:g}"
-    for i, batch in enumerate(tqdm(batches, total=total, desc=desc, leave=False, disable=not progress)):
+    # `progress`: a bar on stderr while it is a terminal (disable=None), never lines in a log or a pipe
+    bar = tqdm(batches, total=total, desc=desc, leave=False, disable=None if progress else True)
+    for i, batch in enumerate(bar):
         if max_batches and i >= max_batches:
             break
         logits = model(batch.patches, batch.mask, batch.ids).float()  # (B, M, C)

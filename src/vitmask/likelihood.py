@@ -108,7 +108,8 @@ def nll_bound(
     per_image = max(1, rows // (strata * samples))  # images per forward pass
     gen = torch.Generator().manual_seed(seed)
     values = []
-    for start in tqdm(range(0, n, per_image), desc="nll", leave=False, disable=not progress):
+    bar = tqdm(range(0, n, per_image), desc="nll", leave=False, disable=None if progress else True)  # terminal only
+    for start in bar:
         chunk = images[start : start + per_image]  # (b, H, W)
         b = len(chunk)
         u = torch.rand(b, strata, samples, generator=gen, dtype=torch.float64)  # (b, S, K)
