@@ -4,8 +4,10 @@ import os
 import subprocess
 import sys
 
+import torch
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
+from vitmask import runner
 from vitmask.checkpoint import load_checkpoint
 
 from .conftest import ROOT, run_cli, write_config
@@ -67,3 +69,33 @@ def test_two_gloo_processes_follow_one_process_and_resume(tmp_path):
     for (step, la), (_, lb) in zip(a, b, strict=True):
         assert abs(la - lb) <= TOLERANCE, (step, la, lb)
     assert len(list(two.glob("events.out.tfevents.*"))) == 2 * 2  # per launch: scalars + hparams, rank 0 only
+
+
+def test_two_gloo_processes_follow_one_process_with_a_cross_attention_decoder(tmp_path):
+    # the decoder's own parameters (mask token, projection, cross-attention blocks) are in the gradient
+    # DDP averages: its queries see only the encoder's output, so they must be synchronised like the rest
+    cfg = write_config(
+        tmp_path / "c.yaml",
+        {
+            "mask": {"ratio": 0.5, "fill": "learned"},
+            "model": {"decoder": "cross", "decoder_dim": 16},
+            "train": {"max_steps": 4, "log_every": 1, "eval_every": 4, "checkpoint_every": 4},
+        },
+    )
+    one, two = tmp_path / "one", tmp_path / "two"
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        runner.train(cfg, [], one, None, "cpu")
+    finally:
+        torch.set_num_threads(threads)
+    res = torchrun("train", "--config", cfg, "--run-dir", two, "--device", "cpu")
+    assert_finished(res)
+    assert res.stdout.count("done:") == 1
+
+    a, b = losses(one), losses(two)
+    assert [s for s, _ in a] == [s for s, _ in b] == [1, 2, 3, 4]
+    for (step, la), (_, lb) in zip(a, b, strict=True):
+        assert abs(la - lb) <= TOLERANCE, (step, la, lb)
+    weights = load_checkpoint(two / "last.pt")["model"]  # a model with a cross-attention decoder was trained
+    assert {"decoder.mask_token", "decoder.blocks.0.cross.q.weight"} <= weights.keys(), sorted(weights)
