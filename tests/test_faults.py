@@ -827,3 +827,24 @@ def test_vitmask_without_a_command_names_the_commands(capsys):
     line = user_error(capsys)
     assert "no command given; use one of train, eval, " in line
     assert all(f" {c.name or c.callback.__name__}" in line for c in cli.app.registered_commands)
+
+
+def test_a_closed_stdout_stops_training_like_a_signal_with_a_checkpoint(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(sys, "stderr", sys.stderr)
+    cfg = write_config(
+        tmp_path / "c.yaml", {"train": {"max_steps": 6, "eval_every": 6, "checkpoint_every": 6, "log_every": 2}}
+    )
+    run = tmp_path / "run"
+    read, write = os.pipe()
+    os.close(read)  # `vitmask train ... | head -1` after head has gone: the first log line (step 2) fails
+    with open(write, "w", buffering=1) as stdout:
+        monkeypatch.setattr(sys, "stdout", stdout)
+        code, _, err = run_main(capsys, "train", "--config", cfg, "--run-dir", run)
+    line = one_line(err)
+    assert code == 128 + signal.SIGPIPE, err
+    assert f"stopped by SIGPIPE at step 2; checkpoint written to {run / 'last.pt'}" in line and "--resume auto" in line
+    assert load_checkpoint(run / "last.pt")["step"] == 2  # not due before step 6: written because of the stop
+    monkeypatch.undo()
+    code, out, err = run_main(capsys, "train", "--run-dir", run, "--resume", "auto")
+    assert code == 0, err
+    assert "from step 2" in out and load_checkpoint(run / "last.pt")["step"] == 6

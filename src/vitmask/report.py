@@ -15,6 +15,8 @@ scalars and images, and the hparams table. The trainer computes; the reporter fo
 Only rank 0 reports (`main`); the other ranks' reporters stay silent.
 """
 
+import contextlib
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -46,6 +48,7 @@ class Reporter:
         self.main = main
         self.progress = False
         self.bar = tqdm(disable=True)
+        self.stdout_closed = False  # the reader of stdout went away (`vitmask train | head`)
         self._window_start = time.perf_counter()
 
     def start(self, step: int, progress: bool | None = None) -> None:
@@ -80,11 +83,10 @@ class Reporter:
         if self.progress:
             self.bar.set_postfix(loss=f"{scalars['train/loss']:.4f}")
             return
-        print(
+        self._say(
             f"step {step}/{self.cfg.train.max_steps}  loss {scalars['train/loss']:.5f}"
             f"  acc {scalars['train/acc']:.4f}  lr {lr:.3e}  grad norm {grad_norm:.3f}"
-            f"  {scalars['train/images_per_s']:.0f} img/s",
-            flush=True,
+            f"  {scalars['train/images_per_s']:.0f} img/s"
         )
 
     def validation(self, step: int, val: dict, grid: Callable[[], torch.Tensor]) -> None:
@@ -97,8 +99,7 @@ class Reporter:
             f"step {step}/{self.cfg.train.max_steps}  val loss {val['loss']:.4f}  acc {val['acc']:.4f}"
             f"  non-empty acc {val['acc_nonempty']:.4f}  (majority {val['majority_acc']:.4f})"
         )
-        self.bar.write(line, file=sys.stdout)
-        sys.stdout.flush()
+        self._say(line)
 
     def probe(self, step: int, accuracies: dict[str, float]) -> None:
         """An online probe: `accuracies` as probe.OnlineProbe gives them ({"probe/knn_acc", "probe/linear_acc"})."""
@@ -109,8 +110,20 @@ class Reporter:
             f"step {step}/{self.cfg.train.max_steps}  probe on val: k-NN acc {accuracies['probe/knn_acc']:.4f}"
             f"  linear acc {accuracies['probe/linear_acc']:.4f}"
         )
-        self.bar.write(line, file=sys.stdout)
-        sys.stdout.flush()
+        self._say(line)
+
+    def _say(self, line: str) -> None:
+        """One console line. If stdout's reader has gone, say nothing more (stdout -> /dev/null, so the
+        interpreter's last flush is quiet) and set `stdout_closed`: the trainer stops as for a signal."""
+        if self.stdout_closed:
+            return
+        try:
+            self.bar.write(line, file=sys.stdout)
+            sys.stdout.flush()
+        except BrokenPipeError:
+            self.stdout_closed = True
+            with contextlib.suppress(OSError):
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
     def hparams(self, val: dict, best_val_loss: float, step: int) -> None:
         """The run's config beside its final validation metrics, once, at the last step."""

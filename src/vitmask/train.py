@@ -155,8 +155,8 @@ class Trainer:
                 saved = checkpointer.due(self.step)
                 if saved:
                     self._save(checkpointer)
-                if distributed.any_rank(stop.received is not None, self.world):
-                    self._stop(stop.received or signal.SIGTERM, checkpointer, saved)
+                if distributed.any_rank(stop.received is not None or self.reporter.stdout_closed, self.world):
+                    self._stop(self._stop_cause(stop), checkpointer, saved)
         self.reporter.end()
         if not val:
             val = self.evaluate()
@@ -197,6 +197,13 @@ class Trainer:
         """Check the loss stayed finite, then write step_<step>.pt and last.pt."""
         self.divergence.check(self.world)
         return checkpointer.save(self.state_dict)
+
+    def _stop_cause(self, stop: StopSignals) -> int:
+        """The signal a stop is reported as: the one received, SIGPIPE for a closed stdout, or SIGTERM
+        (another rank's)."""
+        if stop.received is not None:
+            return stop.received
+        return signal.SIGPIPE if self.reporter.stdout_closed else signal.SIGTERM
 
     def _stop(self, signum: int, checkpointer: Checkpointer, saved: bool) -> None:
         """After a signal: write a checkpoint (unless this step did) and raise Interrupted."""
