@@ -341,3 +341,30 @@ def test_probe_features_of_a_decoder_model_are_its_encoder_on_the_whole_image(de
     flipped = images.clone()
     flipped[:, 0:2, 0:2] ^= 1  # patch 0 of every image
     assert not torch.allclose(extract_features(model, flipped, 2), feats)
+
+
+@pytest.mark.parametrize(
+    "model, fill",
+    [({"decoder": "self"}, "learned"), ({"decoder": "cross"}, "learned"), ({"decoder": "none"}, 0.0)],
+)
+def test_a_view_of_blank_patches_alone_gives_a_finite_first_gradient_under_rope2d(model, fill):
+    # Under rope2d nothing is added to the tokens. With a zero embedding bias a blank patch would be
+    # the zero vector, and an encoder that sees blank patches only (a decoder design: the visible
+    # ones; fill 0: every one) would run its LayerNorms on zero vectors, whose gradient is
+    # 1/sqrt(eps) ~ 316 each: about 1e12 at the embedding through this stack's norms (1e20 on MNIST).
+    shape = {"hidden_dim": 32, "num_heads": 2, "depth": 2, "ffn_dim": 64, "pos": "rope2d"}
+    if model["decoder"] != "none":
+        shape |= {"decoder_dim": 16, "decoder_depth": 2}
+    cfg = Config(
+        data=DataConfig(image_size=8, batch_size=4),
+        mask=MaskConfig(ratio=0.75, fill=fill),
+        model=ModelConfig(**shape, **model),
+    )
+    torch.manual_seed(0)
+    net = build_model(cfg)
+    x = torch.zeros(4, 16, 4)  # (B, N, P): blank images
+    ids, mask = random_mask(4, 16, 12, torch.Generator().manual_seed(0))
+    logits = net(x, mask, ids)  # (B, M, C)
+    nn.functional.cross_entropy(logits.reshape(-1, 16), torch.zeros(4 * 12, dtype=torch.long)).backward()
+    norm = torch.nn.utils.clip_grad_norm_(net.parameters(), math.inf)
+    assert torch.isfinite(norm) and norm < 1e3, float(norm)

@@ -266,6 +266,12 @@ class MaskedPatchViT(nn.Module):
         - A learned positional embedding: normal with std 0.02, small beside the patch embedding so
           early training is driven by content. Fixed positions (sincos2d, rope2d) are not trained.
           The learned mask embedding likewise (as in BEiT).
+        - The patch embedding's bias, under rope2d with no learned mask embedding in the stack (a
+          decoder design, or a fill value): normal with std 0.02. Nothing is added to the tokens
+          there, so with a zero bias a blank patch would be the zero vector, and an input of blank
+          patches alone (a mostly masked digit's border) all zeros, where each LayerNorm's gradient
+          is 1/sqrt(eps) ~ 316: 1e20 at the embedding after the encoder's 8 norms, an infinite
+          gradient norm at the first step (measured). Elsewhere it stays zero.
         - LayerNorm and RMSNorm: the identity (weight 1, bias 0), torch's default, left as is.
         """
         for m in self.modules():
@@ -277,6 +283,8 @@ class MaskedPatchViT(nn.Module):
             nn.init.normal_(self.pos, std=0.02)
         if self.fill == "learned":
             nn.init.normal_(self.mask_token, std=0.02)
+        if self.pos_kind == "rope2d" and self.fill != "learned":
+            nn.init.normal_(self.embed.bias, std=0.02)
         if self.decoder is not None:  # the decoder's positions and mask token, by the same rules
             self.decoder.init_weights()
 
