@@ -33,6 +33,31 @@ def write_config(path: Path, overrides: dict | None = None) -> Path:
 
 
 @pytest.fixture
+def one_thread():
+    """One intra-op thread: on a small shared CPU box, two threads per process mostly wait on each other.
+    Modules that want it say `pytestmark = pytest.mark.usefixtures("one_thread")`."""
+    import torch
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+def train_tiny(root: Path, overrides: dict | None = None) -> Path:
+    """Train TINY (plus `overrides`) to the end in `root` (30 steps on 16x16 shapes); return its last.pt."""
+    import torch
+
+    from vitmask.config import load_config
+    from vitmask.data import load_splits
+    from vitmask.train import Trainer
+
+    cfg = load_config(write_config(root / "tiny.yaml", overrides))
+    Trainer(cfg, load_splits(cfg), torch.device("cpu")).fit(run_dir=root, progress=False)
+    return root / "last.pt"
+
+
+@pytest.fixture
 def tiny_config(tmp_path: Path) -> Path:
     return write_config(tmp_path / "tiny.yaml")
 

@@ -10,12 +10,10 @@ import pytest
 import torch
 from PIL import Image
 
-from tests.conftest import assert_user_error, write_config
+from tests.conftest import assert_user_error, train_tiny
 from vitmask.checkpoint import load_model, save_checkpoint
-from vitmask.config import load_config
 from vitmask.data import load_splits
 from vitmask.preprocess import binarize_images, load_image_file
-from vitmask.train import Trainer
 
 
 @pytest.fixture
@@ -27,11 +25,7 @@ def run_cli(run_cli_in_process):
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
     """A 30-step tiny model on 16x16 shapes (8x8 patches of 2x2)."""
-    root = tmp_path_factory.mktemp("ckpt")
-    cfg = load_config(write_config(root / "tiny.yaml"))
-    trainer = Trainer(cfg, load_splits(cfg), torch.device("cpu"))
-    trainer.fit(run_dir=root, progress=False)
-    return root / "last.pt"
+    return train_tiny(tmp_path_factory.mktemp("ckpt"))
 
 
 @pytest.fixture(scope="module")

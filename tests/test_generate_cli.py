@@ -13,11 +13,10 @@ import pytest
 import torch
 from PIL import Image
 
-from tests.conftest import assert_user_error, write_config
+from tests.conftest import assert_user_error, train_tiny
 from vitmask.config import load_config
 from vitmask.data import load_splits
 from vitmask.preprocess import binarize_images, load_image_file
-from vitmask.train import Trainer
 
 
 @pytest.fixture
@@ -40,10 +39,7 @@ def ckpt(tmp_path_factory):
             "fill": "learned",
         }
     }
-    cfg = load_config(write_config(root / "tiny.yaml", over))
-    trainer = Trainer(cfg, load_splits(cfg), torch.device("cpu"))
-    trainer.fit(run_dir=root, progress=False)
-    return root / "last.pt"
+    return train_tiny(root, over)
 
 
 @pytest.fixture(scope="module")

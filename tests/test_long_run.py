@@ -25,13 +25,7 @@ from .conftest import ROOT, run_cli, write_config
 ENV = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One intra-op thread: on a small shared CPU box, two threads per process mostly wait on each other."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def run1(*args) -> subprocess.CompletedProcess:

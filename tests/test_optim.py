@@ -13,14 +13,7 @@ from vitmask.train import Trainer
 
 from .conftest import TINY, RecordingLogger
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One intra-op thread: on a small shared CPU box, two threads per process mostly wait on each other."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny(seed: int = 0, **train):

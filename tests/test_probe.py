@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import TINY, RecordingLogger, assert_user_error, write_config
+from tests.conftest import TINY, RecordingLogger, assert_user_error, train_tiny, write_config
 from tests.test_sources import numbered_images
 from vitmask import probe
 from vitmask.checkpoint import load_checkpoint, load_model, save_checkpoint
-from vitmask.config import config_from_dict, load_config
+from vitmask.config import config_from_dict
 from vitmask.data import LabelledSplits, load_labelled_splits
 from vitmask.errors import UserError
 from vitmask.patches import patchify
@@ -34,10 +34,7 @@ def run_cli(run_cli_in_process):
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
     """A 30-step tiny model on 16x16 shapes (labels: the kind of the largest shape)."""
-    root = tmp_path_factory.mktemp("ckpt")
-    cfg = load_config(write_config(root / "tiny.yaml"))
-    Trainer(cfg, load_labelled_splits(cfg).images, CPU).fit(run_dir=root, progress=False)
-    return root / "last.pt"
+    return train_tiny(tmp_path_factory.mktemp("ckpt"))
 
 
 def knn_reference(train_x, train_y, query_x, k, temperature=0.07) -> list[int]:
