@@ -205,6 +205,21 @@ def test_same_seed_same_split_other_seed_other_split(tmp_path):
     assert [len(x) for x in split_fractions(10, (0.1, 0.25), 3)] == [1, 2, 7]
 
 
+def test_split_seed_keeps_the_split_while_seed_changes(tmp_path):
+    np.savez(tmp_path / "d.npz", images=numbered_images(100))
+
+    def splits(**top):
+        data = {"source": "npz", "path": str(tmp_path / "d.npz"), "image_size": 4, "fit": "none"}
+        data |= top.pop("data", {})
+        return load_splits(config_from_dict({**TINY, **top, "data": data}))
+
+    seed0 = splits(seed=0)
+    pinned = splits(seed=1, data={"split_seed": 0})  # another training seed, the same images in each split
+    assert all(torch.equal(seed0[k], pinned[k]) for k in seed0)
+    moved = splits(seed=0, data={"split_seed": 1})  # the split follows split_seed, not seed
+    assert torch.equal(moved["test"], splits(seed=1)["test"]) and not torch.equal(moved["test"], seed0["test"])
+
+
 def test_split_sizes_round_each_fraction():
     # round(f * n) for each fraction, at least 1: 1.6 -> 2, 2.7 -> 3, 0.04 -> 1; the rest trains
     assert [len(x) for x in split_fractions(10, (0.16, 0.27), 0)] == [2, 3, 5]

@@ -74,6 +74,7 @@ class DataConfig:
     bad_files: str = "skip"  # folder: unreadable image files are skipped (count on stderr) | fail
     val_fraction: float = 0.1  # share held out for validation (of the train split where a source has one)
     test_fraction: float = 0.1  # share held out for testing, where a source has no test split of its own
+    split_seed: int | None = None  # seed of the train/val/test split (shapes: of the images); null = `seed`
     image_size: int = 32  # images are square, image_size x image_size pixels
     patch_size: int = 2  # patches are patch_size x patch_size pixels; 2^(p*p) token classes
     batch_size: int = 128  # images per optimisation step (the global batch)
