@@ -25,7 +25,7 @@ try:  # typer < 0.20 depends on click; newer releases vendor it
 except ImportError:  # pragma: no cover - depends on the installed typer
     from typer._click.exceptions import UsageError
 
-from vitmask import entry, runner
+from vitmask import entry, outputs, runner
 from vitmask.config import dump_config
 from vitmask.errors import Stopped, UserError
 from vitmask.memory import is_out_of_memory, out_of_memory
@@ -301,8 +301,7 @@ def _flush_stdout() -> None:
     except BrokenPipeError:
         raise
     except OSError as e:
-        with contextlib.suppress(OSError):
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        outputs.mute_stdout()
         raise UserError(f"cannot write the output to stdout: {reason(e)}") from None
 
 
@@ -345,8 +344,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"vitmask: stopped by {stop.name} before it finished; no partial output was left", file=sys.stderr)
         sys.exit(stop.code)
     except BrokenPipeError:  # stdout closed by the reader: nothing more to say to it
-        with contextlib.suppress(OSError):
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        outputs.mute_stdout()
         sys.exit(128 + signal.SIGPIPE)
     except (RuntimeError, MemoryError) as e:  # an allocation no estimate foresaw (a size asked for on the command line)
         if not is_out_of_memory(e):

@@ -12,8 +12,10 @@ disk is full, the file system is read-only, permission denied, ...) and keeps th
 caller with more context (the trainer: which checkpoint survived) can say more.
 """
 
+import contextlib
 import errno
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
@@ -165,3 +167,10 @@ def _same_file(a: Path, b: Path) -> bool:
         return a.resolve() == b.resolve()
     except OSError:
         return False
+
+
+def mute_stdout() -> None:
+    """Point stdout's file descriptor at /dev/null, after its reader went away or its disk filled:
+    nothing more is said there, and the interpreter's last flush at exit fails quietly."""
+    with contextlib.suppress(OSError, ValueError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

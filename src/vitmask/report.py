@@ -15,8 +15,6 @@ scalars and images, and the hparams table. The trainer computes; the reporter fo
 Only rank 0 reports (`main`); the other ranks' reporters stay silent.
 """
 
-import contextlib
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -24,6 +22,7 @@ from collections.abc import Callable
 import torch
 from tqdm import tqdm
 
+from vitmask import outputs
 from vitmask.config import Config
 from vitmask.metrics import SCALARS
 from vitmask.metrics_log import NullLogger
@@ -122,8 +121,7 @@ class Reporter:
             sys.stdout.flush()
         except BrokenPipeError:
             self.stdout_closed = True
-            with contextlib.suppress(OSError):
-                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            outputs.mute_stdout()
 
     def hparams(self, val: dict, best_val_loss: float, step: int) -> None:
         """The run's config beside its final validation metrics, once, at the last step."""
