@@ -27,7 +27,7 @@ DESIGNS = [
     {"decoder": "cross"},
     {"decoder": "cross", "decoder_self_attn": True},
 ]
-POSITIONS = ("learned", "sincos2d", "rope2d")
+POSITIONS = ("learned", "sincos2d", "rope2d", "rope2d+learned")
 
 
 def decoder_config(image_size: int = 8, ratio: float = 0.5, **model) -> Config:
@@ -116,9 +116,9 @@ def encode_one(model, patches: torch.Tensor, mask: torch.Tensor) -> torch.Tensor
     vis = torch.tensor([i for i in range(len(mask)) if not bool(mask[i])])
     x = model.embed(patches[vis]).unsqueeze(0)  # (1, V, D)
     rope = None
-    if model.pos is None:
+    if hasattr(model, "rope_cos"):  # rope2d, rope2d+learned
         rope = (model.rope_cos[vis], model.rope_sin[vis])  # (V, d/2): the patches' own angles
-    else:
+    if model.pos is not None:  # learned, sincos2d, rope2d+learned
         x = x + model.pos[vis]
     for block in model.blocks:
         x = block(x, rope)
@@ -138,7 +138,7 @@ def test_decoders_equal_a_per_image_loop(design, pos):
     for b in range(3):
         vis = [i for i in range(16) if not bool(mask[b, i])]
         memory = dec.embed(encode_one(model, x[b], mask[b]))  # (V, E)
-        table = lambda where: None if dec.pos is not None else (dec.rope_cos[where], dec.rope_sin[where])  # noqa: E731
+        table = lambda where: (dec.rope_cos[where], dec.rope_sin[where]) if hasattr(dec, "rope_cos") else None  # noqa: E731
         add = lambda t, where: t if dec.pos is None else t + dec.pos[where]  # noqa: E731
         if design["decoder"] == "self":
             tokens = torch.stack([memory[vis.index(i)] if i in vis else dec.mask_token for i in range(16)])

@@ -139,6 +139,7 @@ VARIANTS = [
     {"num_kv_heads": 2, "attention": "explicit"},
     {"pos": "sincos2d"},
     {"pos": "rope2d"},
+    {"pos": "rope2d+learned"},
     {"norm": "rmsnorm", "activation": "swiglu", "num_kv_heads": 2, "pos": "rope2d"},
 ]
 
@@ -160,7 +161,8 @@ def test_every_variant_gives_shapes_and_gradients(variant):
     for name, p in model.named_parameters():
         assert p.grad is not None and p.grad.abs().sum() > 0, name
     has_learned_pos = any(n == "pos" for n, _ in model.named_parameters())
-    assert has_learned_pos == (mcfg.pos == "learned")
+    assert has_learned_pos == (mcfg.pos in ("learned", "rope2d+learned"))
+    assert hasattr(model, "rope_cos") == (mcfg.pos in ("rope2d", "rope2d+learned"))
 
 
 def test_fixed_positions_are_not_in_the_checkpoint_state():
@@ -179,11 +181,55 @@ def test_rope_model_sees_where_tokens_are():
     assert not torch.allclose(model(x, mask)[:, perm], model(x[:, perm], mask))
 
 
+def blank_canvas_logits(model: MaskedPatchViT, n: int) -> torch.Tensor:
+    """Logits (N, C) of one image with every patch masked (the first step of `vitmask sample`)."""
+    return model(torch.zeros(1, n, 4), torch.ones(1, n, dtype=torch.bool))[0]
+
+
+def test_rope2d_alone_cannot_tell_positions_apart_on_a_blank_canvas():
+    # every token is the mask embedding, so every value vector is the same and each token's
+    # attention output is that vector whatever its (relative-position) weights: all N rows equal.
+    # With a learned vector added (rope2d+learned) the rows differ, as per-position marginals need.
+    torch.manual_seed(0)
+    cfg = dict(hidden_dim=32, num_heads=2, depth=2, ffn_dim=48)
+    alone = MaskedPatchViT(ModelConfig(pos="rope2d", **cfg), 16, 4, 16, "learned").eval()
+    both = MaskedPatchViT(ModelConfig(pos="rope2d+learned", **cfg), 16, 4, 16, "learned").eval()
+    logits = blank_canvas_logits(alone, 16)  # (16, 16)
+    torch.testing.assert_close(logits, logits[:1].expand(16, -1), rtol=1e-5, atol=1e-5)
+    logits = blank_canvas_logits(both, 16)
+    assert (logits - logits[:1]).abs().amax(-1)[1:].min() > 1e-3  # every position its own
+
+
+def test_rope2d_learned_is_rope2d_plus_an_added_vector():
+    # the same weights: with P = 0 it is the rope2d model; with the rotations made the identity
+    # (cos 1, sin 0) it is the `learned` model with the same P
+    torch.manual_seed(0)
+    cfg = dict(hidden_dim=32, num_heads=2, depth=2, ffn_dim=48)
+    both = MaskedPatchViT(ModelConfig(pos="rope2d+learned", **cfg), 16, 4, 16, "learned").eval()
+    x = torch.randint(0, 2, (2, 16, 4)).float()
+    mask = torch.rand(2, 16) < 0.5
+    rope = MaskedPatchViT(ModelConfig(pos="rope2d", **cfg), 16, 4, 16, "learned").eval()
+    rope.load_state_dict({k: v for k, v in both.state_dict().items() if k != "pos"})
+    learned = MaskedPatchViT(ModelConfig(pos="learned", **cfg), 16, 4, 16, "learned").eval()
+    learned.load_state_dict(both.state_dict())
+    with torch.no_grad():
+        out = both(x, mask)
+        assert not torch.allclose(out, rope(x, mask), atol=1e-4)
+        assert not torch.allclose(out, learned(x, mask), atol=1e-4)
+        p = both.pos.clone()
+        both.pos.zero_()
+        torch.testing.assert_close(both(x, mask), rope(x, mask))
+        both.pos.copy_(p)
+        both.rope_cos.fill_(1.0)
+        both.rope_sin.zero_()
+        torch.testing.assert_close(both(x, mask), learned(x, mask))
+
+
 @pytest.mark.parametrize(
     "setting,needles",
     [
         ("model.num_kv_heads=3", ("model.num_kv_heads", "must divide model.num_heads")),
-        ("model.pos=rope", ("model.pos", "learned, sincos2d, rope2d")),
+        ("model.pos=rope", ("model.pos", "learned, sincos2d, rope2d, rope2d+learned")),
         ("model.norm=batchnorm", ("model.norm", "rmsnorm")),
         ("model.activation=geglu", ("model.activation", "swiglu")),
         ("model.attention=flash", ("model.attention", "auto, sdpa, explicit")),

@@ -188,7 +188,9 @@ class ModelConfig:
     out_proj: bool = True  # linear projection after concatenating the heads
     dropout: float = 0.0  # dropout on attention weights and on each residual branch
     num_kv_heads: int = 0  # key/value heads for grouped-query attention; 0 = num_heads (plain multi-head)
-    pos: str = "learned"  # positions: learned (added) | sincos2d (fixed 2D sin-cos, added) | rope2d (2D rotary)
+    # rope2d+learned: rotary, plus a learned vector added, so a token knows where it is even when all it sees is
+    # the mask embedding (under rope2d alone a blank canvas looks the same at every position)
+    pos: str = "learned"  # learned (added) | sincos2d (fixed 2D sin-cos, added) | rope2d (2D rotary) | rope2d+learned
     # auto: SDPA, except on CPU under bf16/fp16 autocast, where the written-out form trains faster
     attention: str = "auto"  # auto | sdpa (F.scaled_dot_product_attention) | explicit (softmax(Q K^T / sqrt(d)) V)
     # none: one stack over all N tokens (masked ones as mask.fill) | self: MAE, the encoder (the keys above) sees
@@ -205,6 +207,16 @@ class ModelConfig:
     def kv_heads(self) -> int:
         """Key/value heads actually used: num_kv_heads, or num_heads when it is 0."""
         return self.num_kv_heads or self.num_heads
+
+    @property
+    def rotary(self) -> bool:
+        """Queries and keys are turned by 2D rotary positions (pos rope2d or rope2d+learned)."""
+        return self.pos in ("rope2d", "rope2d+learned")
+
+    @property
+    def learned_pos(self) -> bool:
+        """A learned positional vector is added to every token (pos learned or rope2d+learned)."""
+        return self.pos in ("learned", "rope2d+learned")
 
     @property
     def head_dim(self) -> int:
@@ -254,12 +266,12 @@ class ModelConfig:
             "model.num_kv_heads",
             f"({self.num_kv_heads}) must divide model.num_heads ({self.num_heads})",
         )
-        _choice(self.pos, "model.pos", ("learned", "sincos2d", "rope2d"))
+        _choice(self.pos, "model.pos", ("learned", "sincos2d", "rope2d", "rope2d+learned"))
         if self.pos == "sincos2d":
             _check(
                 self.hidden_dim % 4 == 0, "model.hidden_dim", f"({self.hidden_dim}) must be divisible by 4 for sincos2d"
             )
-        if self.pos == "rope2d":
+        if self.rotary:
             _check(
                 self.head_dim % 4 == 0,
                 "model.pos",
@@ -290,7 +302,7 @@ class ModelConfig:
         _check(e % h == 0, "model.decoder_dim", f"({e}) must be divisible by the decoder's heads ({h})")
         if self.pos == "sincos2d":
             _check(e % 4 == 0, "model.decoder_dim", f"({e}) must be divisible by 4 for sincos2d")
-        if self.pos == "rope2d":
+        if self.rotary:
             _check(
                 (e // h) % 4 == 0,
                 "model.decoder_heads",

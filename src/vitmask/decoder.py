@@ -131,13 +131,14 @@ class Decoder(nn.Module):
         self.embed = nn.Linear(cfg.hidden_dim, e)  # the encoder's width D to the decoder's E
         self.mask_token = nn.Parameter(torch.zeros(e))  # what the decoder starts from at every masked patch
         grid = math.isqrt(num_patches)
-        self.pos_kind = cfg.pos
-        if cfg.pos == "learned":
+        self.rotary = cfg.rotary
+        if cfg.learned_pos:
             self.pos = nn.Parameter(torch.zeros(num_patches, e))  # (N, E), the decoder's own
         elif cfg.pos == "sincos2d":
             self.register_buffer("pos", sincos_2d(e, grid), persistent=False)  # (N, E), fixed
-        else:  # rope2d: rotary tables for the decoder's head dim
+        else:
             self.pos = None
+        if self.rotary:  # rotary tables for the decoder's head dim
             angles = rope_2d_angles(dcfg.head_dim, grid)  # (N, d/2)
             self.register_buffer("rope_cos", angles.cos(), persistent=False)
             self.register_buffer("rope_sin", angles.sin(), persistent=False)
@@ -149,7 +150,7 @@ class Decoder(nn.Module):
 
     def rope(self) -> Rope | None:
         """The full-grid rotary tables 2 x (N, d/2), or None when positions are added vectors."""
-        return (self.rope_cos, self.rope_sin) if self.pos_kind == "rope2d" else None
+        return (self.rope_cos, self.rope_sin) if self.rotary else None
 
     def forward(self, encoded: torch.Tensor, keep: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """encoded (B, V, D) the encoder's output at the visible positions keep (B, V); ids (B, M) the
@@ -180,7 +181,7 @@ class Decoder(nn.Module):
         if self.pos is not None:
             x = x + self.pos[ids]  # (B, M, E)
             y = y + self.pos[keep]  # (B, V, E)
-        else:
+        if self.rotary:
             rope_q, rope_kv = gather_rope(self.rope(), ids), gather_rope(self.rope(), keep)  # (B, 1, M or V, d/2)
         for block in self.blocks:
             x = block(x, y, rope_q, rope_kv)  # (B, M, E)
@@ -189,6 +190,6 @@ class Decoder(nn.Module):
     def init_weights(self) -> None:
         """As the encoder's: learned positions and the mask token normal with std 0.02 (MAE); the
         Linear layers are initialised by the model's `init_weights`."""
-        if self.pos_kind == "learned":
+        if isinstance(self.pos, nn.Parameter):
             nn.init.normal_(self.pos, std=0.02)
         nn.init.normal_(self.mask_token, std=0.02)

@@ -236,13 +236,14 @@ class MaskedPatchViT(nn.Module):
         if self.fill == "learned":
             self.mask_token = nn.Parameter(torch.zeros(d))  # the embedding of every masked patch
         grid = math.isqrt(num_patches)
-        self.pos_kind = cfg.pos
-        if cfg.pos == "learned":
+        self.rotary = cfg.rotary  # rope2d, rope2d+learned: Q and K are rotated in every block
+        if cfg.learned_pos:
             self.pos = nn.Parameter(torch.zeros(num_patches, d))  # P (N, D), learned
         elif cfg.pos == "sincos2d":
             self.register_buffer("pos", sincos_2d(d, grid), persistent=False)  # P (N, D), fixed
-        else:  # rope2d: nothing is added to the tokens; Q and K are rotated in every block
+        else:  # rope2d alone: nothing is added to the tokens
             self.pos = None
+        if self.rotary:
             angles = rope_2d_angles(cfg.head_dim, grid)  # (N, d/2)
             self.register_buffer("rope_cos", angles.cos(), persistent=False)
             self.register_buffer("rope_sin", angles.sin(), persistent=False)
@@ -264,9 +265,9 @@ class MaskedPatchViT(nn.Module):
         - Linear weights: Xavier-uniform, which keeps activation variance steady through the
           projections (as MAE does); biases zero, so the model starts unbiased between classes.
         - A learned positional embedding: normal with std 0.02, small beside the patch embedding so
-          early training is driven by content. Fixed positions (sincos2d, rope2d) are not trained.
+          early training is driven by content. Fixed positions (sincos2d, rotary) are not trained.
           The learned mask embedding likewise (as in BEiT).
-        - The patch embedding's bias, under rope2d with no learned mask embedding in the stack (a
+        - The patch embedding's bias, under rope2d alone with no learned mask embedding in the stack (a
           decoder design, or a fill value): normal with std 0.02. Nothing is added to the tokens
           there, so with a zero bias a blank patch would be the zero vector, and an input of blank
           patches alone (a mostly masked digit's border) all zeros, where each LayerNorm's gradient
@@ -279,11 +280,11 @@ class MaskedPatchViT(nn.Module):
                 nn.init.xavier_uniform_(m.weight)
                 if m.bias is not None:
                     nn.init.zeros_(m.bias)
-        if self.pos_kind == "learned":
+        if isinstance(self.pos, nn.Parameter):
             nn.init.normal_(self.pos, std=0.02)
         if self.fill == "learned":
             nn.init.normal_(self.mask_token, std=0.02)
-        if self.pos_kind == "rope2d" and self.fill != "learned":
+        if self.pos is None and self.fill != "learned":
             nn.init.normal_(self.embed.bias, std=0.02)
         if self.decoder is not None:  # the decoder's positions and mask token, by the same rules
             self.decoder.init_weights()
@@ -304,7 +305,7 @@ class MaskedPatchViT(nn.Module):
             x = self.embed(apply_fill(patches, mask, self.fill))  # (B, N, D)
         if self.pos is not None:
             x = x + self.pos  # (B, N, D)
-        rope = (self.rope_cos, self.rope_sin) if self.pos_kind == "rope2d" else None
+        rope = (self.rope_cos, self.rope_sin) if self.rotary else None
         for block in self.blocks[:-1]:
             x = block(x, rope)  # (B, N, D)
         # the last block computes only the tokens the head reads: the masked ones when ids is given
@@ -321,7 +322,7 @@ class MaskedPatchViT(nn.Module):
         the position of its own patch (added, or rotated in by rope2d). A pre-norm stack ends in its norm.
         With `depth` K, the output of block K instead (0: the embedded patches), not normalised.
         """
-        rope = (self.rope_cos, self.rope_sin) if self.pos_kind == "rope2d" else None
+        rope = (self.rope_cos, self.rope_sin) if self.rotary else None
         if keep is None:
             x = self.embed(patches)  # (B, N, D)
             pos = self.pos  # (N, D) or None
