@@ -16,7 +16,7 @@ projects it to its own width E, and predicts the masked patches:
 
 Positions reach the decoder the way `model.pos` says: learned or sincos2d vectors (the decoder's
 own, of width E) are added to the visible tokens and the mask tokens; rope2d rotates queries and
-keys by each token's true grid position, gathered per image.
+keys by each token's true grid position, gathered per image; rope2d+learned does both.
 
 When M = N (all patches masked) the encoder has no token: cross-attention then reads nothing and
 adds zero (a softmax over no keys is defined here as attending to nothing), and the self decoder
@@ -149,7 +149,7 @@ class Decoder(nn.Module):
         self.norm = make_norm(dcfg.norm, e) if dcfg.norm_position == "pre" else nn.Identity()
 
     def rope(self) -> Rope | None:
-        """The full-grid rotary tables 2 x (N, d/2), or None when positions are added vectors."""
+        """The full-grid rotary tables 2 x (N, d/2), or None without rotary positions (learned, sincos2d)."""
         return (self.rope_cos, self.rope_sin) if self.rotary else None
 
     def forward(self, encoded: torch.Tensor, keep: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
