@@ -102,12 +102,22 @@ def autocast_ctx(device: torch.device, kind: str):
     return torch.autocast(device.type, dtype=torch.bfloat16 if kind == "bf16" else torch.float16)
 
 
-def matmul_peak(n: int, dtype: torch.dtype, device: torch.device, reps: int = 5) -> float:
-    """FLOP/s of the best of `reps` timed n x n x n matmuls (2 n^3 FLOPs each)."""
-    a = torch.randn(n, n, device=device, dtype=dtype)
-    b = torch.randn(n, n, device=device, dtype=dtype)
-    a @ b
-    sync(device)
+def matmul_peak(n_max: int, dtype: torch.dtype, device: torch.device, reps: int = 5, budget_s: float = 0.05) -> float:
+    """FLOP/s of the best of `reps` timed n x n x n matmuls (2 n^3 FLOPs each). n doubles from 256 up
+    to n_max while one matmul takes under budget_s: a CPU without bf16 instructions (AVX2 only)
+    emulates bf16 about 100x slower than fp32, and 2048^3 would take minutes there."""
+    n = 256
+    while True:
+        a = torch.randn(n, n, device=device, dtype=dtype)  # (n, n)
+        b = torch.randn(n, n, device=device, dtype=dtype)  # (n, n)
+        a @ b  # warm-up
+        sync(device)
+        t = time.perf_counter()
+        a @ b
+        sync(device)
+        if n >= n_max or time.perf_counter() - t >= budget_s:
+            break
+        n *= 2
     best = float("inf")
     for _ in range(reps):
         t = time.perf_counter()
