@@ -60,6 +60,14 @@ def test_warmup_then_cosine_reaches_min_lr():
     assert [lr_factor(s, flat) for s in range(6)] == pytest.approx([1 / 3, 2 / 3, 1, 1, 1, 1])
 
 
+def test_warmup_then_linear_reaches_min_lr():
+    t = tiny(lr=1.0, warmup_steps=2, max_steps=6, schedule="linear", min_lr=0.1).train
+    # by hand: warmup 1/2, 2/2; then 1 - 0.9 * k / 3 for k = 0..3, a straight line down to 0.1
+    assert [lr_factor(s, t) for s in range(6)] == pytest.approx([0.5, 1.0, 1.0, 0.7, 0.4, 0.1])
+    to_zero = tiny(lr=0.5, warmup_steps=0, max_steps=5, schedule="linear").train
+    assert [lr_factor(s, to_zero) for s in range(5)] == pytest.approx([1.0, 0.75, 0.5, 0.25, 0.0])
+
+
 def test_the_optimizer_uses_the_scheduled_lr_at_every_step():
     cfg = tiny(lr=0.01, warmup_steps=2, max_steps=5, schedule="cosine", min_lr=0.001, log_every=1, eval_every=100)
     seen = []

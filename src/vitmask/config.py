@@ -328,9 +328,9 @@ class TrainConfig:
     beta1: float = 0.9  # Adam's decay rate of the gradient mean
     beta2: float = 0.999  # Adam's decay rate of the squared-gradient mean
     eps: float = 1e-8  # Adam's epsilon; in (0, 1]
-    schedule: str = "constant"  # lr after warmup: constant | cosine (decays to min_lr at max_steps)
+    schedule: str = "constant"  # lr after warmup: constant | cosine | linear (both decay to min_lr at max_steps)
     warmup_steps: int = 0  # linear warmup from 0 to lr over this many steps
-    min_lr: float = 0.0  # the lr cosine decay ends at
+    min_lr: float = 0.0  # the lr the cosine and linear decays end at
     grad_clip: float = 0.0  # clip the global gradient norm to this; 0 = no clipping (the norm is still logged)
     accum_steps: int = 1  # micro-batches per step; data.batch_size must be divisible by it
     precision: str = "fp32"  # fp32 | bf16 (autocast) | fp16 (autocast + GradScaler, CUDA only)
@@ -357,7 +357,7 @@ class TrainConfig:
         for k in ("beta1", "beta2"):
             _check(0.0 <= getattr(self, k) < 1.0, f"train.{k}", f"must be in [0, 1), got {getattr(self, k)}")
         _check(0 < self.eps <= 1, "train.eps", f"must be in (0, 1], got {self.eps}")
-        _choice(self.schedule, "train.schedule", ("constant", "cosine"))
+        _choice(self.schedule, "train.schedule", ("constant", "cosine", "linear"))
         _check(self.warmup_steps >= 0, "train.warmup_steps", "must be >= 0")
         _check(0 <= self.min_lr <= self.lr, "train.min_lr", f"must be in [0, train.lr ({self.lr})], got {self.min_lr}")
         _check(self.grad_clip >= 0, "train.grad_clip", f"must be >= 0 (0 = off), got {self.grad_clip}")

@@ -4,9 +4,9 @@ Weight decay applies to weight matrices only. A parameter is exempt when it has 
 dimensions (biases, LayerNorm weights) or its name is the positional embedding (`pos`) or the mask
 embedding (`mask_token`): decaying those pulls them towards zero for no gain in generalisation.
 
-The schedule is a multiplier on `train.lr`: a linear warmup from 0 over `warmup_steps`, then either
-constant or a cosine decay that reaches `min_lr` at `max_steps`. It is a `LambdaLR`, so its state is
-plain data in the checkpoint.
+The schedule is a multiplier on `train.lr`: a linear warmup from 0 over `warmup_steps`, then
+constant, a cosine decay or a linear decay, the last two reaching `min_lr` at `max_steps`. It is a
+`LambdaLR`, so its state is plain data in the checkpoint.
 """
 
 import math
@@ -48,6 +48,8 @@ def lr_factor(step: int, t: TrainConfig) -> float:
     span = max(t.max_steps - t.warmup_steps - 1, 1)
     progress = min((step - t.warmup_steps) / span, 1.0)
     floor = t.min_lr / t.lr
+    if t.schedule == "linear":
+        return floor + (1.0 - floor) * (1.0 - progress)
     return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
