@@ -8,7 +8,7 @@ from torch import nn
 
 from vitmask.config import config_from_dict
 from vitmask.data import load_splits
-from vitmask.optim import lr_factor, param_groups
+from vitmask.optim import MuonAdamW, lr_factor, param_groups
 from vitmask.train import Trainer
 
 from .conftest import TINY, RecordingLogger
@@ -49,6 +49,57 @@ def test_the_real_model_decays_only_its_weight_matrices():
     assert "pos" in {names[id(p)] for p in no_decay["params"]}
     assert all(p.ndim < 2 or names[id(p)] == "pos" for p in no_decay["params"])
     assert decay["weight_decay"] == 0.05 and no_decay["weight_decay"] == 0.0
+
+
+def newton_schulz(g: torch.Tensor, steps: int = 5) -> torch.Tensor:
+    """Muon's orthogonalisation, written out in float64: scale to Frobenius norm 1, then `steps` of
+    the quintic X <- a X + (b A + c A^2) X with A = X X^T, on the wide orientation (Jordan et al. 2024)."""
+    a, b, c = 3.4445, -4.7750, 2.0315
+    tall = g.shape[0] > g.shape[1]
+    x = (g.T if tall else g).double()
+    x = x / x.norm()
+    for _ in range(steps):
+        gram = x @ x.T
+        x = a * x + (b * gram + c * gram @ gram) @ x
+    return (x.T if tall else x).float()
+
+
+def test_muon_steps_the_blocks_matrices_and_adamw_everything_else():
+    lr, wd = 0.01, 0.1
+    cfg = tiny(optimizer="muon", lr=lr, weight_decay=wd, beta1=0.9, beta2=0.99)
+    trainer = Trainer(cfg, load_splits(cfg), torch.device("cpu"))
+    assert isinstance(trainer.optimizer, MuonAdamW)
+    named = dict(trainer.model.named_parameters())
+    # by hand: the 2 blocks' Q/K/V, output, FFN-in and FFN-out matrices; not the patch embedding or the head
+    muon_names = {f"blocks.{i}.{m}.weight" for i in range(2) for m in ("attn.qkv", "attn.proj", "ffn.fc1", "ffn.fc2")}
+    assert muon_names <= named.keys()
+    gen = torch.Generator().manual_seed(0)
+    before, grads = {}, {}
+    for n, p in named.items():
+        before[n], grads[n] = p.detach().clone(), torch.randn(p.shape, generator=gen)
+        p.grad = grads[n].clone()
+    assert {g["lr"] for g in trainer.optimizer.param_groups} == {lr}  # no warmup: the peak lr from step 0
+    trainer.optimizer.step()
+    for n, p in named.items():
+        w, g = before[n], grads[n]
+        if n in muon_names:  # Nesterov on a zero buffer: g + 0.95 g; the step scaled to AdamW's RMS
+            rows, cols = g.shape
+            want = w * (1 - lr * wd) - lr * 0.2 * math.sqrt(max(rows, cols)) * newton_schulz(1.95 * g)
+            tol = 0.02 * lr * 0.2 * math.sqrt(max(rows, cols))  # Muon iterates in bf16
+        else:  # AdamW's first step: m_hat = g, v_hat = g^2, so lr * g / (|g| + eps)
+            decay = wd if p.ndim == 2 and n not in ("pos", "mask_token") else 0.0
+            want, tol = w * (1 - lr * decay) - lr * g / (g.abs() + 1e-8), 1e-6
+        torch.testing.assert_close(p.detach(), want, rtol=0, atol=tol, msg=n)
+
+
+def test_muon_follows_the_schedule_in_every_group():
+    cfg = tiny(optimizer="muon", lr=0.01, warmup_steps=4, max_steps=8, schedule="cosine", min_lr=0.001)
+    trainer = Trainer(cfg, load_splits(cfg), torch.device("cpu"))
+    inner = trainer.optimizer.muon.param_groups + trainer.optimizer.adamw.param_groups
+    for step in range(3):
+        assert [g["lr"] for g in inner] == pytest.approx([0.01 * lr_factor(step, cfg.train)] * len(inner))
+        trainer.optimizer.step()  # no gradients: moves nothing, but keeps the scheduler's order
+        trainer.scheduler.step()
 
 
 def test_warmup_then_cosine_reaches_min_lr():

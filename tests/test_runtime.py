@@ -54,3 +54,20 @@ def test_freed_memory_is_reused_without_page_faults():
 def test_a_users_allocator_setting_is_left_alone(env):
     applied, _ = probe("tuned", **env)
     assert applied == "False"
+
+
+def test_bf16_on_a_cpu_that_emulates_it_warns_once(monkeypatch, capsys):
+    import torch
+
+    from vitmask import runtime
+
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(runtime, "cpu_bf16_slowdown", lambda: 95.0)  # an AVX2-only host: bf16 emulated
+    runtime.check_precision("bf16", cpu)
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and "95x slower than fp32" in lines[0] and "--set train.precision=fp32" in lines[0]
+    runtime.check_precision("fp32", cpu)  # fp32 asked for: nothing to say
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(runtime, "cpu_bf16_slowdown", lambda: 0.5)  # AVX512_BF16 or AMX: bf16 the faster
+    runtime.check_precision("bf16", cpu)
+    assert capsys.readouterr().err == ""

@@ -10,6 +10,7 @@ save) makes the two runs part.
 import random
 
 import numpy as np
+import pytest
 import torch
 
 from tests.conftest import TINY
@@ -21,13 +22,13 @@ from vitmask.train import Trainer
 STEPS_BEFORE, STEPS_AFTER = 3, 3
 
 
-def config(seed: int):
+def config(seed: int, optimizer: str = "adamw"):
     train = {
         "max_steps": STEPS_BEFORE,
         "checkpoint_every": STEPS_BEFORE,
         "eval_every": STEPS_BEFORE,
         "log_every": STEPS_BEFORE,
-        "optimizer": "adamw",
+        "optimizer": optimizer,
         "weight_decay": 0.01,
         "schedule": "cosine",
         "warmup_steps": 2,
@@ -51,17 +52,24 @@ def go_on(trainer: Trainer) -> tuple[dict, dict, tuple]:
     for _ in range(STEPS_AFTER):
         trainer.train_step(trainer.sampler.sample())
     weights = {k: v.clone() for k, v in trainer.model.state_dict().items()}
-    moments = {i: {k: v.clone() for k, v in s.items()} for i, s in trainer.optimizer.state_dict()["state"].items()}
+    parts = trainer.optimizer.state_dict()
+    parts = {name: parts[name] for name in ("muon", "adamw")} if "muon" in parts else {"": parts}
+    moments = {
+        (name, i): {k: v.clone() for k, v in s.items()}
+        for name, part in parts.items()
+        for i, s in part["state"].items()
+    }
     return weights, moments, draws
 
 
-def test_a_resumed_trainer_of_another_seed_steps_bit_identically(tmp_path):
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_a_resumed_trainer_of_another_seed_steps_bit_identically(tmp_path, optimizer):
     splits = load_splits(config(0))
-    writer = Trainer(config(0), splits, torch.device("cpu"))
+    writer = Trainer(config(0, optimizer), splits, torch.device("cpu"))
     writer.fit(tmp_path, progress=False)  # writes last.pt at step 3
     want_weights, want_moments, want_draws = go_on(writer)
 
-    reader = Trainer(config(1), splits, torch.device("cpu"))  # other init, sampler and RNG seeds
+    reader = Trainer(config(1, optimizer), splits, torch.device("cpu"))  # other init, sampler and RNG seeds
     reader.load_state_dict(load_checkpoint(tmp_path / "last.pt"))
     assert reader.step == STEPS_BEFORE
     weights, moments, draws = go_on(reader)
@@ -72,6 +80,7 @@ def test_a_resumed_trainer_of_another_seed_steps_bit_identically(tmp_path):
     for k, v in want_weights.items():
         assert torch.equal(weights[k], v), k
     assert moments.keys() == want_moments.keys() and len(moments) == len(want_weights)
-    for i, state in want_moments.items():
-        for k in ("step", "exp_avg", "exp_avg_sq"):
-            assert torch.equal(moments[i][k], state[k]), (i, k)
+    moment_names = {"adamw": ("step", "exp_avg", "exp_avg_sq"), "muon": ("momentum_buffer",)}
+    for (name, i), state in want_moments.items():
+        for k in moment_names.get(name, moment_names["adamw"]):
+            assert torch.equal(moments[name, i][k], state[k]), (name, i, k)

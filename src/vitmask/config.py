@@ -323,7 +323,7 @@ class TrainConfig:
     checkpoint_every: int = 500  # steps between checkpoints (and at the last step)
     log_every: int = 25  # steps between training-scalar logs
     eval_batches: int = 0  # validation batches per evaluation; 0 = the whole val split
-    optimizer: str = "adam"  # adam | adamw (decoupled weight decay)
+    optimizer: str = "adam"  # adam | adamw (decoupled decay) | muon (Muon on the blocks' matrices, AdamW elsewhere)
     weight_decay: float = 0.0  # decay of weight matrices only; never biases, norms, pos or mask_token; in [0, 1]
     beta1: float = 0.9  # Adam's decay rate of the gradient mean
     beta2: float = 0.999  # Adam's decay rate of the squared-gradient mean
@@ -352,7 +352,7 @@ class TrainConfig:
         _check(self.eval_batches >= 0, "train.eval_batches", "must be >= 0")
         _check(self.probe_every >= 0, "train.probe_every", "must be >= 0 (0 = off)")
         _check(self.probe_train_images >= 1, "train.probe_train_images", "must be >= 1")
-        _choice(self.optimizer, "train.optimizer", ("adam", "adamw"))
+        _choice(self.optimizer, "train.optimizer", ("adam", "adamw", "muon"))
         _check(0 <= self.weight_decay <= 1, "train.weight_decay", f"must be in [0, 1], got {self.weight_decay}")
         for k in ("beta1", "beta2"):
             _check(0.0 <= getattr(self, k) < 1.0, f"train.{k}", f"must be in [0, 1), got {getattr(self, k)}")

@@ -1,13 +1,23 @@
-"""User-facing errors, and the stop of a process by a signal.
+"""User-facing errors and warnings, and the stop of a process by a signal.
 
 A `UserError` is a problem with what the user asked for (a path, a config value, a checkpoint),
 not a bug. The CLI prints its message as one line on stderr and exits with code 2; everything
-else is left to raise normally so that real bugs keep their tracebacks.
+else is left to raise normally so that real bugs keep their tracebacks. `warn` prints one line
+that does not stop anything.
 
 `Stopped` is raised by the CLI's SIGINT/SIGTERM handler outside the training loop (start-up, data
 loading, evaluation). It is a `BaseException`, like `KeyboardInterrupt`, so no `except Exception`
 swallows it, while every `finally` (lock release, clean-up of a half-made run dir) still runs.
 """
+
+import os
+import sys
+
+
+def warn(msg: str) -> None:
+    """One line on stderr that does not stop the run (from rank 0 only, under torchrun)."""
+    if os.environ.get("RANK", "0") == "0":
+        print(f"vitmask: warning: {msg}", file=sys.stderr)
 
 
 class UserError(Exception):

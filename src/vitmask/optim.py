@@ -4,6 +4,12 @@ Weight decay applies to weight matrices only. A parameter is exempt when it has 
 dimensions (biases, LayerNorm weights) or its name is the positional embedding (`pos`) or the mask
 embedding (`mask_token`): decaying those pulls them towards zero for no gain in generalisation.
 
+`train.optimizer: muon` updates the weight matrices inside the transformer blocks with Muon
+(torch.optim.Muon: momentum, then Newton-Schulz orthogonalisation of the update; Jordan et al.
+2024) and everything else (patch embedding, head, positions, mask embedding, biases, norms) with
+AdamW, as Muon's authors prescribe. Muon's step is scaled to AdamW's update RMS (Moonshot's
+`match_rms_adamw`), so both share `train.lr`, its schedule and `train.weight_decay`.
+
 The schedule is a multiplier on `train.lr`: a linear warmup from 0 over `warmup_steps`, then
 constant, a cosine decay or a linear decay, the last two reaching `min_lr` at `max_steps`. It is a
 `LambdaLR`, so its state is plain data in the checkpoint.
@@ -32,7 +38,64 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     ]
 
 
+def is_hidden_matrix(name: str, param: torch.nn.Parameter) -> bool:
+    """Whether Muon updates `name`: a weight matrix of a transformer block (the encoder's or a decoder's)."""
+    return param.ndim == 2 and "blocks" in name.split(".")
+
+
+class MuonAdamW(torch.optim.Optimizer):
+    """Muon for the blocks' weight matrices and AdamW for every other parameter, as one optimizer.
+
+    The two inner optimizers own the parameters and their state; `param_groups` is their groups'
+    list (the same dicts), so an lr scheduler, a GradScaler and `zero_grad` see every parameter.
+    The state dict holds both inner ones.
+    """
+
+    def __init__(self, model: torch.nn.Module, t: TrainConfig):
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        hidden = [p for n, p in named if is_hidden_matrix(n, p)]
+        rest = [(n, p) for n, p in named if not is_hidden_matrix(n, p)]
+        # Nesterov momentum 0.95 and 5 Newton-Schulz steps: torch's (and Muon's authors') defaults
+        self.muon = torch.optim.Muon(hidden, lr=t.lr, weight_decay=t.weight_decay, adjust_lr_fn="match_rms_adamw")
+        self.adamw = torch.optim.AdamW(
+            [
+                {"params": [p for n, p in rest if decays(n, p)], "weight_decay": t.weight_decay},
+                {"params": [p for n, p in rest if not decays(n, p)], "weight_decay": 0.0},
+            ],
+            lr=t.lr,
+            betas=(t.beta1, t.beta2),
+            eps=t.eps,
+        )
+        super().__init__([p for _, p in named], {"lr": t.lr})
+        self.param_groups = self.muon.param_groups + self.adamw.param_groups
+
+    @property
+    def state(self) -> dict:
+        """Every parameter's state (read-only), from whichever inner optimizer owns the parameter."""
+        return {**self.muon.state, **self.adamw.state}
+
+    @state.setter
+    def state(self, value) -> None:  # Optimizer.__init__ assigns an empty one; the inner ones own it
+        pass
+
+    @torch.no_grad()
+    def step(self, closure=None) -> None:
+        self.muon.step()
+        self.adamw.step()
+
+    def state_dict(self) -> dict:
+        return {"muon": self.muon.state_dict(), "adamw": self.adamw.state_dict()}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        if set(state_dict) != {"muon", "adamw"}:
+            raise ValueError("not a Muon + AdamW state (keys 'muon' and 'adamw')")
+        self.muon.load_state_dict(state_dict["muon"])
+        self.adamw.load_state_dict(state_dict["adamw"])
+
+
 def build_optimizer(model: torch.nn.Module, t: TrainConfig) -> torch.optim.Optimizer:
+    if t.optimizer == "muon":
+        return MuonAdamW(model, t)
     cls = torch.optim.AdamW if t.optimizer == "adamw" else torch.optim.Adam
     # on CUDA the fused kernel updates every tensor in one launch; the CPU keeps the default (foreach)
     fused = next(model.parameters()).is_cuda

@@ -382,7 +382,7 @@ def online_probe(cfg: Config, data: LabelledSplits, device: torch.device) -> Onl
     if not cfg.train.probe_every:
         return None
     if data.labels is None:
-        from vitmask.sources import warn
+        from vitmask.errors import warn
 
         warn(f"train.probe_every is set but the online probe is off: the data has no labels ({data.no_labels})")
         return None

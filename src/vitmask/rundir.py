@@ -38,7 +38,6 @@ import contextlib
 import dataclasses
 import os
 import signal
-import sys
 import threading
 import uuid
 from dataclasses import dataclass
@@ -46,7 +45,7 @@ from pathlib import Path
 
 from vitmask.checkpoint import check_resumable, config_of, load_checkpoint, remove_stale_temps, step_files
 from vitmask.config import Config, load_config
-from vitmask.errors import UserError
+from vitmask.errors import UserError, warn
 from vitmask.outputs import WriteError, os_error_in, reason, write_error
 
 LOCK_NAME = ".vitmask.lock"
@@ -67,12 +66,6 @@ RESUMABLE = (
     "data.path",
     "data.download",
 )
-
-
-def warn(msg: str) -> None:
-    """One line on stderr that does not stop the run (from rank 0 only, under torchrun)."""
-    if os.environ.get("RANK", "0") == "0":
-        print(f"vitmask: warning: {msg}", file=sys.stderr)
 
 
 @dataclass

@@ -2,7 +2,8 @@
 
 Precision: fp32 runs as is; bf16 runs the forward pass under `torch.autocast`; fp16 adds a
 `GradScaler` and needs CUDA. On CPU the autocast context is `nullcontext()` for fp32, so no
-`torch.cuda` call is made on a CPU path.
+`torch.cuda` call is made on a CPU path. bf16 on a CPU without bf16 instructions (AVX2 only) gets
+a warning: torch emulates it there, about 100x slower than fp32 (docs/benchmarks.md).
 """
 
 import contextlib
@@ -11,13 +12,14 @@ import ctypes.util
 import os
 import random
 import shutil
+import time
 
 import numpy as np
 import torch
 
 from vitmask.config import Config
 from vitmask.distributed import World, check_batch
-from vitmask.errors import UserError
+from vitmask.errors import UserError, warn
 
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -41,7 +43,33 @@ def autocast(precision: str, device: torch.device) -> contextlib.AbstractContext
     return torch.autocast(device.type, dtype=DTYPES[precision])
 
 
+BF16_TOO_SLOW = 4.0  # bf16/fp32 time of one matmul above which a CPU is taken to emulate bf16
+
+
+def cpu_bf16_slowdown(size: int = 256, repeats: int = 5) -> float:
+    """How many times longer one size x size matmul takes in bf16 than in fp32 here (best of `repeats`
+    each, a few ms in all): about 0.5 on a CPU with bf16 instructions (AVX512_BF16 or AMX), about 100
+    on one that emulates them."""
+    a = torch.randn(size, size)
+    best = []
+    for dtype in (torch.float32, torch.bfloat16):
+        x = a.to(dtype)
+        x @ x  # the first call pays for dispatch and packing
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            x @ x
+            times.append(time.perf_counter() - start)
+        best.append(min(times))
+    return best[1] / best[0]
+
+
 def check_precision(precision: str, device: torch.device) -> None:
+    if precision == "bf16" and device.type == "cpu" and (slowdown := cpu_bf16_slowdown()) > BF16_TOO_SLOW:
+        warn(
+            f"train.precision=bf16: this CPU runs bf16 matmuls {slowdown:.0f}x slower than fp32 (it has no "
+            "bf16 instructions, so torch emulates them); --set train.precision=fp32 trains far faster here"
+        )
     if precision == "fp16" and device.type != "cuda":
         raise UserError(
             "train.precision=fp16 needs a CUDA GPU (fp16 autocast with a GradScaler); "

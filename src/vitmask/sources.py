@@ -23,14 +23,13 @@ import difflib
 import gzip
 import math
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
 import torch
 
 from vitmask.config import DataConfig
-from vitmask.errors import UserError
+from vitmask.errors import UserError, warn
 from vitmask.memory import available_bytes, check_bytes, check_images_fit
 from vitmask.preprocess import binarize_images, binarize_list, load_image_file, to_gray_uint8
 
@@ -41,11 +40,6 @@ IDX_SUFFIXES = ("idx3-ubyte", "idx3-ubyte.gz")
 Raw = torch.Tensor | list[torch.Tensor]  # (n, H, W) uint8, or n images (H, W) of mixed sizes
 # int64 (n,) class indices per part of a source, aligned with its images; or why there are none and how to add them
 Labels = dict[str, torch.Tensor] | str
-
-
-def warn(msg: str) -> None:
-    """One line on stderr that does not stop the run."""
-    print(f"vitmask: warning: {msg}", file=sys.stderr)
 
 
 def _existing(path: str, what: str) -> Path:
