@@ -85,7 +85,7 @@ def test_muon_steps_the_blocks_matrices_and_adamw_everything_else():
         if n in muon_names:  # Nesterov on a zero buffer: g + 0.95 g; the step scaled to AdamW's RMS
             rows, cols = g.shape
             want = w * (1 - lr * wd) - lr * 0.2 * math.sqrt(max(rows, cols)) * newton_schulz(1.95 * g)
-            tol = 0.02 * lr * 0.2 * math.sqrt(max(rows, cols))  # Muon iterates in bf16
+            tol = 1e-5 * lr * 0.2 * math.sqrt(max(rows, cols))  # float32 on a CPU against float64
         else:  # AdamW's first step: m_hat = g, v_hat = g^2, so lr * g / (|g| + eps)
             decay = wd if p.ndim == 2 and n not in ("pos", "mask_token") else 0.0
             want, tol = w * (1 - lr * decay) - lr * g / (g.abs() + 1e-8), 1e-6
