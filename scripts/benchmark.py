@@ -307,7 +307,8 @@ def main(argv=None) -> dict:
     variants = []
     for spec, overrides in specs:
         vcfg = load_config(args.config, [*base, *ours_sets, *overrides])
-        vtrainer, v = build_vitmask(vcfg, splits, device, spec)
+        vsplits = splits if vcfg.data == cfg.data else load_splits(vcfg)  # e.g. another data.image_size
+        vtrainer, v = build_vitmask(vcfg, vsplits, device, spec)
         for _ in range(args.warmup + (3 if vcfg.train.compile else 0)):
             v.run(record=False)
         variants.append((v, vtrainer, vcfg, matmul_peak_for(vcfg, peaks)))

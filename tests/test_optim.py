@@ -195,6 +195,28 @@ def test_compiled_and_plain_models_share_checkpoints():
         assert torch.equal(compiled.model.state_dict()[k], v), k
 
 
+@pytest.mark.parametrize(("schedule", "graphs"), [("uniform", 1), ("fixed", 2)])
+def test_a_compiled_step_is_traced_once_for_every_masked_count(monkeypatch, schedule, graphs):
+    """Under a ratio schedule batches hiding 5, 9 and 13 patches share one graph, traced for any M; a
+    fixed ratio keeps torch's default (a static graph first, then a dynamic one when M changes)."""
+    from torch._dynamo.testing import CompileCounter
+
+    from vitmask.data import make_batch
+    from vitmask.masking import random_mask
+
+    counter, real_compile = CompileCounter(), torch.compile
+    monkeypatch.setattr(torch, "compile", lambda net: real_compile(net, backend=counter))
+    torch._dynamo.reset()
+    cfg = config_from_dict(TINY, [f"mask.ratio_schedule={schedule}", "train.compile=true"])
+    trainer = Trainer(cfg, splits := load_splits(cfg), torch.device("cpu"))
+    images = splits["train"][:8]
+    for m in (5, 9, 13):
+        ids, mask = random_mask(8, cfg.data.num_patches, m, torch.Generator().manual_seed(m))
+        trainer.train_step(make_batch(images, cfg.data.patch_size, ids, mask))
+    torch._dynamo.reset()
+    assert counter.frame_count == graphs
+
+
 def test_optimizer_is_fused_on_cuda_only():
     from vitmask.config import TrainConfig
     from vitmask.optim import build_optimizer

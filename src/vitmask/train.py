@@ -56,6 +56,9 @@ class Trainer:
         self.ddp = distributed.data_parallel(self.model, device, self.world)  # None in a world of one
         net = self.ddp if self.ddp is not None else self.model
         self.net = torch.compile(net) if t.compile else net  # what the training step calls
+        # under a ratio schedule M changes from batch to batch: compile the step for any M at once,
+        # not first for the M of batch 1 and again when the second differs (28 s of a cold start)
+        self.any_masked_count = t.compile and cfg.mask.ratio_schedule != "fixed"
         self.sampler = BatchSampler(splits["train"].to(device), cfg, self.world.rank, self.world.size)
         self.validator = Validator(cfg, splits, device)
         self.reporter = Reporter(cfg, logger, device, main=self.world.main)
@@ -79,6 +82,8 @@ class Trainer:
             last = i == len(micro) - 1
             sync = self.ddp.no_sync() if self.ddp is not None and not last else contextlib.nullcontext()
             with sync:
+                if self.any_masked_count:
+                    torch._dynamo.maybe_mark_dynamic(mb.ids, 1)  # M: a size of the graph, not a constant
                 with runtime.autocast(t.precision, self.device):
                     logits = self.net(mb.patches, mb.mask, mb.ids)  # (b, M, C)
                 loss = masked_loss(logits, mb.masked_targets)
