@@ -114,7 +114,10 @@ def test_validation_of_mixed_runs_uses_random_masks_and_eval_can_ask_for_blocks_
     centre = list(eval_batches(images, cfg, 0.9, 0, 32, "centre"))
     assert all(torch.equal(b.mask, box.flatten().expand(len(b.mask), -1)) for b in centre)
     assert torch.equal(centre[0].ids[0], box.flatten().nonzero().flatten())
-    assert centre_box_mask(5).view(5, 5).nonzero().tolist() == [[1, 1], [1, 2], [2, 1], [2, 2]]
+    # a box that cannot sit exactly in the middle grows by one: 3x3 of 5x5, 8x8 of 14x14 (rows and columns 3..10)
+    assert centre_box_mask(5).view(5, 5).nonzero().tolist() == [[r, c] for r in (1, 2, 3) for c in (1, 2, 3)]
+    assert centre_box_mask(14).view(14, 14).nonzero().tolist() == [[r, c] for r in range(3, 11) for c in range(3, 11)]
+    assert centre_box_mask(16).view(16, 16).nonzero().tolist() == [[r, c] for r in range(4, 12) for c in range(4, 12)]
 
 
 @pytest.mark.parametrize(

@@ -94,7 +94,10 @@ def eval_(
         None, "--strategy", help="random | block: the masks at each --mask-ratio; default the config's (mixed: random)."
     ),
     centre_box: bool = typer.Option(
-        False, "--centre-box", help="Also score the centre box: the central square of patches, half the grid's side."
+        False,
+        "--centre-box",
+        help="Also score the centre box: the central square of patches, half the grid's side (one more where "
+        "that could not sit exactly in the middle).",
     ),
     nll: bool = typer.Option(
         False,

@@ -50,8 +50,11 @@ def draw_num_masked(cfg: MaskConfig, num_patches: int, generator: torch.Generato
 
 
 def centre_box_mask(grid: int) -> torch.Tensor:
-    """(N,) bool: the central square of patches, grid // 2 on a side (the 8x8 middle of a 16x16 grid)."""
+    """(N,) bool: the central square of patches, grid // 2 on a side, one more where that could not sit
+    exactly in the middle (grid - side odd). The 8x8 middle of a 16x16 grid, and of a 14x14 one: on
+    28x28 MNIST the same 16x16 pixels as on the digits padded to 32x32."""
     side = grid // 2
+    side += (grid - side) % 2
     top = (grid - side) // 2
     box = torch.zeros(grid, grid, dtype=torch.bool)
     box[top : top + side, top : top + side] = True
@@ -186,7 +189,7 @@ def draw_mask(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Masks of `strategy` (default the configured one): ids (B, M) int64 and mask (B, N) bool, True = masked.
 
-    `centre` ignores `num_mask`: every image hides the centre box (M = (grid // 2)^2).
+    `centre` ignores `num_mask`: every image hides the centre box (`centre_box_mask`).
     """
     strategy = strategy or cfg.strategy
     if strategy == "centre":
