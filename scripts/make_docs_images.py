@@ -34,9 +34,9 @@ from vitmask.sampling import DecodeOptions, decode_masked
 
 
 def centre_box(grid: int, patch_size: int) -> tuple[int, int, int, int]:
-    """The pixels of masking.centre_box_mask (the central grid // 2 square of patches), as x0, y0, x1, y1."""
-    side = grid // 2
-    lo, hi = (grid - side) // 2 * patch_size, ((grid - side) // 2 + side) * patch_size
+    """The pixels of masking.centre_box_mask (the central square of patches), as x0, y0, x1, y1."""
+    rows = centre_box_mask(grid).view(grid, grid).any(1).nonzero().flatten()  # the box's rows (= its columns)
+    lo, hi = int(rows[0]) * patch_size, (int(rows[-1]) + 1) * patch_size
     return lo, lo, hi, hi
 
 
