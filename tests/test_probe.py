@@ -231,20 +231,21 @@ def test_train_with_probe_every_prints_the_probe_or_warns_once_without_labels(ru
 # ---- pooling: --pool grid, several --layer --------------------------------------------------------
 def cell_means_by_loop(tokens: torch.Tensor, grid: int) -> torch.Tensor:
     """The grid pooling written out: for each image and each cell (row-major), the sum of the cell's
-    tokens (patch (r, c) is token r * g + c) over their count; the cells' vectors one after another."""
+    tokens (patch (r, c) is token r * g + c) over their count; the cells' vectors one after another.
+    Cell i spans patches floor(i g / G) to ceil((i + 1) g / G) - 1 (g / G each where G divides g)."""
     n, num_tokens, d = tokens.shape
     g = math.isqrt(num_tokens)
-    side = g // grid
+    spans = [range(math.floor(i * g / grid), math.ceil((i + 1) * g / grid)) for i in range(grid)]
     out = torch.zeros(n, grid * grid * d, dtype=torch.float64)
     for b in range(n):
         for cell_row in range(grid):
             for cell_col in range(grid):
                 total = torch.zeros(d, dtype=torch.float64)
-                for r in range(cell_row * side, (cell_row + 1) * side):
-                    for c in range(cell_col * side, (cell_col + 1) * side):
+                for r in spans[cell_row]:
+                    for c in spans[cell_col]:
                         total += tokens[b, r * g + c].double()
                 cell = cell_row * grid + cell_col
-                out[b, cell * d : (cell + 1) * d] = total / side**2
+                out[b, cell * d : (cell + 1) * d] = total / (len(spans[cell_row]) * len(spans[cell_col]))
     return out.float()
 
 
@@ -261,8 +262,19 @@ def test_grid_pooling_is_the_mean_of_each_cell():
     assert probe.pool_tokens(tokens, 4).tolist() == [list(range(16))]  # one patch a cell: the tokens themselves
     g = torch.Generator().manual_seed(2)
     tokens = torch.randn(3, 36, 5, generator=g)  # a 6x6 grid, 5 features a token
-    for grid in (1, 2, 3, 6):
+    for grid in (1, 2, 3, 4, 5, 6):  # 4 and 5 do not divide 6: cells overlap
         torch.testing.assert_close(probe.pool_tokens(tokens, grid), cell_means_by_loop(tokens, grid))
+
+
+def test_a_grid_that_does_not_divide_the_patches_overlaps_its_cells():
+    # the 4x4 grid of tokens 0..15 in 3x3 cells: cell rows (and columns) span patches 0-1, 1-2, 2-3,
+    # so each cell is a 2x2 block and its mean is 2.5 + 4 * cell row + cell column
+    tokens = torch.arange(16.0).view(1, 16, 1)
+    assert probe.pool_tokens(tokens, 3).tolist() == [[2.5, 3.5, 4.5, 6.5, 7.5, 8.5, 10.5, 11.5, 12.5]]
+    # MNIST's 14x14 patch grid in the default 4x4 cells: patches 0-3, 3-6, 7-10, 10-13, four a side
+    assert probe.cell_sides(14, 4) == "4x4 patches each, neighbours sharing a row or column"
+    assert probe.cell_sides(8, 3) == "3 to 4 patches a side"  # 0-2, 2-5, 5-7
+    assert probe.cell_sides(16, 4) == "4x4 patches each"
 
 
 def test_grid_and_layer_features_are_the_forward_pass_tokens_pooled_by_hand(ckpt, monkeypatch):
@@ -312,7 +324,6 @@ def test_probe_pool_grid_reports_its_features_in_the_table_and_the_json(run_cli,
     labels, classes = probe.class_indices(data.labels)
     by_hand = probe.probe_features(feats, labels, "test", 5, classes)
     assert report["results"]["model"]["knn_acc"] == by_hand["knn_acc"]
-    open("/tmp/pool_dbg.txt", "w").write(repr((report["results"]["model"], by_hand)))
     assert report["results"]["model"]["linear_acc"] == pytest.approx(by_hand["linear_acc"], abs=2 / 64)
     default = json.loads(run_cli("probe", "--checkpoint", ckpt, "--device", "cpu", "--k", "5", "--json").stdout)
     assert (default["pool"], default["grid"], default["layer"], default["feature_dim"]) == ("mean", None, None, 32)
@@ -320,16 +331,16 @@ def test_probe_pool_grid_reports_its_features_in_the_table_and_the_json(run_cli,
 
 
 def test_probe_bad_grid_is_one_line(run_cli, ckpt):
-    res = run_cli("probe", "--checkpoint", ckpt, "--device", "cpu", "--pool", "grid", "--grid", "3")
-    assert_user_error(res, "--grid 3 does not divide the 8x8 patch grid", "pass one of 1, 2, 4, 8")
+    res = run_cli("probe", "--checkpoint", ckpt, "--device", "cpu", "--pool", "grid", "--grid", "9")
+    assert_user_error(res, "--grid 9 is not a cell count for the 8x8 patch grid", "pass 1 (the mean) to 8")
 
 
 def test_probe_pool_and_layer_mistakes_are_user_errors(ckpt):
     model, cfg, _ = load_model(ckpt, CPU)
     data = load_labelled_splits(cfg)
     cases = [
-        ({"pool": "grid", "grid": 0}, "--grid 0 does not divide the 8x8 patch grid (16-pixel images in 2-pixel"),
-        ({"pool": "grid", "grid": 16}, "--grid 16 does not divide the 8x8 patch grid"),
+        ({"pool": "grid", "grid": 0}, "--grid 0 is not a cell count for the 8x8 patch grid (16-pixel images in 2-"),
+        ({"pool": "grid", "grid": 16}, "--grid 16 is not a cell count for the 8x8 patch grid"),
         ({"pool": "max"}, "unknown --pool 'max'; use mean"),
         ({"grid": 2}, "--grid 2 needs --pool grid; add --pool grid, or leave --grid out"),
         ({"layer": [1, 3]}, "--layer 3 is out of range: the model has 2 blocks"),

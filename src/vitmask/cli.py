@@ -142,7 +142,7 @@ def probe(
         "mean", "--pool", help="mean | grid: the mean of all tokens, or of each cell of a --grid, concatenated."
     ),
     grid: int = typer.Option(
-        None, "--grid", help="--pool grid: G cells a side, G dividing the patches a side (default 4): G*G*D features."
+        None, "--grid", help="--pool grid: G cells a side, 1 to the patches a side (default 4): G*G*D features."
     ),
     k: int = typer.Option(20, "--k", help="Neighbours that vote in the k-NN probe."),
     seed: int = typer.Option(

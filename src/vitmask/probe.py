@@ -3,7 +3,9 @@
 A frozen model sees each whole image (no patch masked) and gives one feature vector per image:
 its tokens (the final normalised ones, or block K's output, `MaskedPatchViT.forward_encoder`)
 pooled by `pool_tokens`, either their mean (D features) or, with a grid G, the mean of each of the
-G x G cells of the patch grid, concatenated (G*G*D features: where the strokes are is kept). With
+G x G cells of the patch grid, concatenated (G*G*D features: where the strokes are is kept); cells
+are torch's adaptive average pooling's, so any G up to the patches a side works (where G does not
+divide it, neighbouring cells share a row or column of patches). With
 several layers, each layer's pooled tokens are concatenated. Two probes are trained on the train
 split and scored on val or test:
 
@@ -22,8 +24,7 @@ The online probe (`train.probe_every`) is the k-NN and linear probe on val durin
 the first `train.probe_train_images` train images, with a fixed L2 strength.
 
 Shapes: n images, D feature width, C classes, k neighbours, N patches, P pixels per patch,
-g patches per side of the grid (N = g * g), G cells per side of the pooling grid, c = g / G patches
-per side of a cell.
+g patches per side of the grid (N = g * g), G cells per side of the pooling grid.
 """
 
 import math
@@ -46,22 +47,25 @@ ONLINE_ITERS = 100
 FEATURE_BATCH = 256  # images per forward pass when extracting features
 FLOORS = ("random_weights", "raw_pixels")
 POOLS = ("mean", "grid")  # --pool: the mean of all tokens, or the mean of each cell of a grid
-DEFAULT_GRID = 4  # --pool grid without --grid: 4 x 4 cells (of 4 x 4 patches on MNIST's 16 x 16 grid)
+DEFAULT_GRID = 4  # --pool grid without --grid: 4 x 4 cells (of 4 x 4 patches on a 16 x 16 grid, 3 to 4 on 14 x 14)
 
 
 # ---- features -------------------------------------------------------------------------------------
 def pool_tokens(tokens: torch.Tensor, grid: int | None = None) -> torch.Tensor:
     """tokens (n, N, D) of a g x g patch grid (row-major, as `patchify` numbers them) -> features.
 
-    grid None: (n, D), the mean over the N tokens. grid G (dividing g): (n, G*G*D), the mean of each
-    of the G x G cells of c x c patches (c = g / G); cells row-major, each cell's D features together.
+    grid None: (n, D), the mean over the N tokens. grid G (1..g): (n, G*G*D), the mean of each of
+    the G x G cells; cells row-major, each cell's D features together. Cell i spans patch rows (and
+    columns) floor(i g / G) to ceil((i + 1) g / G) - 1, as torch's AdaptiveAvgPool2d cuts them: c x c
+    patches each when G divides g (c = g / G).
     """
     if grid is None:
         return tokens.mean(1)  # (n, D)
     n, num_tokens, d = tokens.shape
-    c = math.isqrt(num_tokens) // grid
-    cells = tokens.reshape(n, grid, c, grid, c, d)  # (n, G, c, G, c, D): patch row = (cell row, row in cell)
-    return cells.mean((2, 4)).flatten(1)  # (n, G, G, D) -> (n, G*G*D)
+    g = math.isqrt(num_tokens)
+    maps = tokens.transpose(1, 2).reshape(n, d, g, g)  # (n, D, g, g): patch r * g + c at row r, column c
+    cells = F.adaptive_avg_pool2d(maps, grid)  # (n, D, G, G)
+    return cells.permute(0, 2, 3, 1).flatten(1)  # (n, G, G, D) -> (n, G*G*D)
 
 
 def as_layers(layer: int | Sequence[int] | None) -> tuple[int | None, ...]:
@@ -227,11 +231,10 @@ def check_pool(pool: str, grid: int | None, cfg: Config) -> int | None:
         return None
     grid = DEFAULT_GRID if grid is None else grid
     g = cfg.data.image_size // cfg.data.patch_size
-    if grid < 1 or g % grid:
-        divisors = ", ".join(str(d) for d in range(1, g + 1) if g % d == 0)
+    if not 1 <= grid <= g:
         raise UserError(
-            f"--grid {grid} does not divide the {g}x{g} patch grid ({cfg.data.image_size}-pixel images in "
-            f"{cfg.data.patch_size}-pixel patches); pass one of {divisors}"
+            f"--grid {grid} is not a cell count for the {g}x{g} patch grid ({cfg.data.image_size}-pixel images "
+            f"in {cfg.data.patch_size}-pixel patches); pass 1 (the mean) to {g} (every token)"
         )
     return grid
 
@@ -322,8 +325,18 @@ def feature_name(layer: int | Sequence[int] | None, grid: int | None = None, pat
         tokens = "the embedded patches (layer 0)" if layers[0] == 0 else f"block {layers[0]}'s output tokens"
     if grid is None:
         return f"mean of {tokens}"
-    c = patch_grid // grid
-    return f"means of the {grid}x{grid} grid's cells ({c}x{c} patches each) of {tokens}"
+    return f"means of the {grid}x{grid} grid's cells ({cell_sides(patch_grid, grid)}) of {tokens}"
+
+
+def cell_sides(patch_grid: int, grid: int) -> str:
+    """The cells' sides in patches, in words: "4x4 patches each" (16 in 4), or where `grid` does not
+    divide the patch grid "4x4 patches each, neighbours sharing a row or column" (14 in 4) or "3 to 4
+    patches a side" (8 in 3)."""
+    sides = {-(-(i + 1) * patch_grid // grid) - i * patch_grid // grid for i in range(grid)}  # ceil(end) - floor(start)
+    if len(sides) > 1:
+        return f"{min(sides)} to {max(sides)} patches a side"
+    (c,) = sides
+    return f"{c}x{c} patches each" + ("" if patch_grid % grid == 0 else ", neighbours sharing a row or column")
 
 
 def format_report(report: dict) -> str:
