@@ -355,7 +355,9 @@ def main(argv=None) -> dict:
         results["ratio"] = results["vitmask"]["images_per_s"] / results["reference"]["images_per_s"]
     results["variants"] = {}
     for v, vtrainer, vcfg, vpeak in variants:
-        out = summarise(v, args.batch, tokens, train_flops_per_image(vcfg), vpeak, float("nan"))
+        # a variant may change data.batch_size or the image size: its own images per step and tokens
+        vd = vcfg.data
+        out = summarise(v, vd.batch_size, vd.num_patches, train_flops_per_image(vcfg), vpeak, float("nan"))
         out["precision"], out["compile"] = vcfg.train.precision, vcfg.train.compile
         out["eval_images_per_s"] = eval_images_per_s(vtrainer, args.eval_batches)
         out["vs_vitmask"] = out["images_per_s"] / results["vitmask"]["images_per_s"]
@@ -400,7 +402,8 @@ def print_table(r: dict, device: torch.device) -> None:
         vs_ref = f", {v['vs_reference']:.2f}x the reference" if "vs_reference" in v else ""
         print(
             f"vitmask [{name}]: {v['images_per_s']:.1f} images/s ({v['pct_of_peak']:.0f}% of peak), "
-            f"eval {v['eval_images_per_s']:.0f} images/s: {v['vs_vitmask']:.2f}x vitmask{vs_ref}"
+            f"step {v['step_ms']:.1f} ms, eval {v['eval_images_per_s']:.0f} images/s: "
+            f"{v['vs_vitmask']:.2f}x vitmask{vs_ref} in images/s"
         )
 
 

@@ -20,6 +20,7 @@ def test_benchmark_reports_vitmask_reference_and_variant(tiny_config, tmp_path):
     out = tmp_path / "bench.json"
     decoder = "model.decoder=cross,mask.fill=learned"  # the encoder-decoder designs are variants like any other
     variants = ("--vs", "model.attention=explicit", "--vs", "autocast=bf16", "--vs", decoder)
+    variants += ("--vs", "data.batch_size=4")  # its own batch: the script ran at --batch 8
     res = run_bench("--config", tiny_config, "--eval-batches", "1", *variants, "--json", out)
     assert res.returncode == 0, res.stderr
     r = json.loads(out.read_text())
@@ -42,6 +43,10 @@ def test_benchmark_reports_vitmask_reference_and_variant(tiny_config, tmp_path):
     assert (
         r["variants"][decoder]["achieved_gflops"] < r["variants"][decoder]["images_per_s"] * r["train_gflop_per_image"]
     )
+    # a variant with its own batch: its images per second are its 4 images over its own step time
+    small = r["variants"]["data.batch_size=4"]
+    assert math.isclose(small["images_per_s"], 4 / (small["step_ms"] / 1000))
+    assert math.isclose(small["tokens_per_s"], small["images_per_s"] * 64)
     assert "vitmask / reference (train images/s)" in res.stdout
 
 
