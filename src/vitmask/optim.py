@@ -12,7 +12,8 @@ Muon's authors prescribe. Muon's step is scaled to AdamW's update RMS (Moonshot'
 `Muon` here is torch.optim.Muon's algorithm, hyperparameters and state dict, with two changes:
 the iteration runs in float32 on a CPU (torch's always casts to bf16, which a CPU without bf16
 instructions emulates about 100x slower: 67 of a 186 ms MNIST step on an AVX2 host) and in bf16
-on CUDA, as torch's; and matrices of one shape are orthogonalised together, as one batch.
+on CUDA, as torch's; and matrices of one shape, an (R, S) one with the (S, R) ones transposed, are
+orthogonalised together as one batch, with the momentum, decay and update as foreach ops.
 
 The schedule is a multiplier on `train.lr`: a linear warmup from 0 over `warmup_steps`, then
 constant, a cosine decay or a linear decay, the last two reaching `min_lr` at `max_steps`. It is a
@@ -51,19 +52,23 @@ def orthogonalize(g: torch.Tensor, steps: int = 5, eps: float = 1e-7) -> torch.T
     Each matrix is scaled to Frobenius norm 1 (so its spectral norm is at most 1), then `steps` of
     the quintic X <- a X + (b A + c A^2) X with A = X X^T on its wide orientation (R <= S, where
     A is the smaller Gram matrix). Singular values end near 1 (within about 0.7 to 1.2), not at 1.
-    Runs in g's dtype.
+    Runs in g's dtype. Each step is three batched matmuls with the sums folded in (`baddbmm`): on a
+    CPU the separate element-wise ops cost more than the matmuls of these small matrices.
     """
     a, b, c = NS_COEFFICIENTS
     tall = g.shape[-2] > g.shape[-1]
     x = g.mT if tall else g  # (..., r, s) with r <= s
     x = x / x.norm(dim=(-2, -1), keepdim=True).clamp_min(eps)
+    x = x.reshape(-1, *x.shape[-2:])  # (k, r, s)
     for _ in range(steps):
-        gram = x @ x.mT  # (..., r, r)
-        x = a * x + (b * gram + c * gram @ gram) @ x  # (..., r, s)
+        gram = x @ x.mT  # (k, r, r)
+        poly = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)  # b A + c A^2
+        x = torch.baddbmm(x, poly, x, beta=a)  # a X + (b A + c A^2) X
+    x = x.reshape(*g.shape[:-2], *x.shape[-2:])
     return x.mT if tall else x
 
 
-def rms_matched_lr(lr: float, shape: torch.Size) -> float:
+def rms_matched_lr(lr: float, shape: tuple[int, int]) -> float:
     """Muon's lr for a (R, S) matrix, scaled so its update's RMS matches AdamW's (~0.2): lr * 0.2 * sqrt(max(R, S))."""
     return lr * 0.2 * math.sqrt(max(shape[0], shape[1]))
 
@@ -78,22 +83,27 @@ class Muon(torch.optim.Muon):
             if group["adjust_lr_fn"] != "match_rms_adamw":
                 raise ValueError("vitmask's Muon scales its lr to AdamW's RMS only (adjust_lr_fn='match_rms_adamw')")
             params = [p for p in group["params"] if p.grad is not None]
-            updates = []
-            for p in params:
-                buf = self.state[p].setdefault("momentum_buffer", torch.zeros_like(p))
-                buf.lerp_(p.grad, 1 - group["momentum"])
-                updates.append(p.grad.lerp(buf, group["momentum"]) if group["nesterov"] else buf)
-            by_shape: dict[torch.Size, list[int]] = {}
+            if not params:
+                continue
+            grads = [p.grad for p in params]
+            bufs = [self.state[p].setdefault("momentum_buffer", torch.zeros_like(p)) for p in params]
+            torch._foreach_lerp_(bufs, grads, 1 - group["momentum"])
+            updates = torch._foreach_lerp(grads, bufs, group["momentum"]) if group["nesterov"] else bufs
+            if group["weight_decay"]:
+                torch._foreach_mul_(params, 1 - group["lr"] * group["weight_decay"])
+            # one batch per shape, an (R, S) matrix with the (S, R) ones as its transpose: all wide
+            by_shape: dict[tuple[int, int], list[int]] = {}
             for i, p in enumerate(params):
-                by_shape.setdefault(p.shape, []).append(i)
+                by_shape.setdefault((min(p.shape), max(p.shape)), []).append(i)
             for shape, index in by_shape.items():
-                stacked = torch.stack([updates[i] for i in index])  # (k, R, S)
+                tall = [params[i].shape[0] > params[i].shape[1] for i in index]
+                stacked = torch.stack([updates[i].mT if t else updates[i] for i, t in zip(index, tall, strict=True)])
+                # stacked: (k, r, s) with r <= s
                 dtype = torch.bfloat16 if stacked.is_cuda else torch.float32
-                ortho = orthogonalize(stacked.to(dtype), group["ns_steps"], group["eps"])  # (k, R, S)
-                lr = rms_matched_lr(group["lr"], shape)
-                for i, o in zip(index, ortho.unbind(0), strict=True):
-                    params[i].mul_(1 - group["lr"] * group["weight_decay"])
-                    params[i].add_(o.to(params[i].dtype), alpha=-lr)
+                ortho = orthogonalize(stacked.to(dtype), group["ns_steps"], group["eps"]).unbind(0)  # k x (r, s)
+                steps = [(o.mT if t else o).to(params[i].dtype) for i, o, t in zip(index, ortho, tall, strict=True)]
+                # rms_matched_lr reads max(R, S), the same for every matrix of the batch
+                torch._foreach_add_([params[i] for i in index], steps, alpha=-rms_matched_lr(group["lr"], shape))
 
 
 def is_hidden_matrix(name: str, param: torch.nn.Parameter) -> bool:
