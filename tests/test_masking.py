@@ -121,6 +121,18 @@ def test_block_masks_hit_the_exact_count_with_valid_shapes(grid, num_mask, min_p
     assert all(len(set(row.tolist())) == num_mask for row in ids)
 
 
+@pytest.mark.parametrize(
+    "grid,num_mask,min_patches", [(16, 128, 16), (16, 1, 16), (8, 63, 4), (14, 75, 16), (14, 190, 16), (5, 12, 30)]
+)
+def test_stopping_once_covered_gives_the_masks_of_every_round(grid, num_mask, min_patches):
+    # the rounds after every image is covered change nothing (the ones a shortfall needs still run)
+    run = lambda stop: block_mask(  # noqa: E731
+        64, grid, num_mask, min_patches, (0.3, 3.3), torch.Generator().manual_seed(3), stop_when_covered=stop
+    )
+    (ids, mask), (all_ids, all_mask) = run(True), run(False)
+    assert torch.equal(mask, all_mask) and torch.equal(ids, all_ids)
+
+
 @pytest.mark.parametrize("aspect,shape", [((1.0, 1.0), (4, 4)), ((4.0, 4.0), (8, 2)), ((0.25, 0.25), (2, 8))])
 def test_one_block_is_a_rectangle_of_the_asked_aspect(aspect, shape):
     # M = min_patches = 16: one rectangle of area 16; height/width = aspect fixes its sides
