@@ -42,6 +42,37 @@ def test_swiglu_ffn_is_silu_gate_times_value():
     assert ffn.fc1.weight.shape == (24, 8) and ffn.fc1.bias is None and ffn.fc2.bias is None
 
 
+def test_relu2_ffn_squares_the_positive_part():
+    torch.manual_seed(0)
+    ffn = FeedForward(8, 12, "relu2")
+    x = torch.randn(2, 5, 8)
+    h = x @ ffn.fc1.weight.T + ffn.fc1.bias
+    expected = torch.where(h > 0, h * h, torch.zeros_like(h)) @ ffn.fc2.weight.T + ffn.fc2.bias
+    torch.testing.assert_close(ffn(x), expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("extra", [{}, {"out_proj": False}, {"decoder": "cross", "decoder_depth": 2}])
+def test_zero_init_residual_starts_every_block_as_the_identity(extra):
+    cfg = ModelConfig(hidden_dim=16, num_heads=2, depth=3, ffn_dim=32, zero_init_residual=True, **extra)
+    torch.manual_seed(0)
+    model = MaskedPatchViT(cfg, num_patches=16, patch_dim=4, num_classes=16, fill="learned")
+    zeroed = {n for n, p in model.named_parameters() if n.endswith("weight") and p.ndim == 2 and not p.any()}
+    # by hand: each FFN's W_2, and each attention's W_O where there is one
+    want = {f"blocks.{i}.ffn.fc2.weight" for i in range(3)}
+    if extra.get("out_proj", True):
+        want |= {f"blocks.{i}.attn.proj.weight" for i in range(3)}
+    if extra.get("decoder") == "cross":
+        want |= {f"decoder.blocks.{i}.{m}.weight" for i in range(2) for m in ("cross.proj", "ffn.fc2")}
+    assert zeroed == want
+    if not extra:  # the blocks add nothing: the output is the head on the normalised embedding
+        patches = torch.randint(0, 2, (2, 16, 4)).float()
+        mask = torch.zeros(2, 16, dtype=torch.bool)
+        mask[:, ::3] = True
+        x = torch.where(mask.unsqueeze(-1), model.mask_token, patches @ model.embed.weight.T + model.embed.bias)
+        x = torch.nn.functional.layer_norm(x + model.pos, (16,))  # the final norm, still the identity affine
+        torch.testing.assert_close(model(patches, mask), x @ model.head.weight.T + model.head.bias)
+
+
 def hand_attention(x, attn, num_heads, num_kv_heads, rope=None):
     """Per-head loop: query head h reads key/value head h // (H / K)."""
     D = x.shape[-1]

@@ -181,11 +181,12 @@ class ModelConfig:
     num_heads: int = 4  # attention heads; head_dim = hidden_dim / num_heads
     depth: int = 4  # transformer blocks; at most MAX_DEPTH
     ffn_dim: int = 512  # hidden width of the feed-forward network
-    activation: str = "gelu"  # relu | gelu | swiglu (silu(x W_1) * x W_3, then W_2; no biases, as Llama)
+    activation: str = "gelu"  # relu | gelu | relu2 (max(0, x)^2) | swiglu (silu(x W_1) * x W_3, then W_2; no biases)
     norm: str = "layernorm"  # none | layernorm | rmsnorm
     norm_position: str = "pre"  # pre (x + f(norm(x))) | post (norm(x + f(x)))
     qkv_bias: bool = True  # bias on the Q, K and V projections
     out_proj: bool = True  # linear projection after concatenating the heads
+    zero_init_residual: bool = False  # last linear of each branch (W_O, FFN W_2) at 0: blocks start as identity
     dropout: float = 0.0  # dropout on attention weights and on each residual branch
     num_kv_heads: int = 0  # key/value heads for grouped-query attention; 0 = num_heads (plain multi-head)
     # rope2d+learned: rotary, plus a learned vector added, so a token knows where it is even when all it sees is
@@ -256,7 +257,7 @@ class ModelConfig:
             "model.hidden_dim",
             f"({self.hidden_dim}) must be divisible by model.num_heads ({self.num_heads})",
         )
-        _choice(self.activation, "model.activation", ("relu", "gelu", "swiglu"))
+        _choice(self.activation, "model.activation", ("relu", "gelu", "relu2", "swiglu"))
         _choice(self.norm, "model.norm", ("none", "layernorm", "rmsnorm"))
         _choice(self.norm_position, "model.norm_position", ("pre", "post"))
         _check(0.0 <= self.dropout < 1.0, "model.dropout", f"must be in [0, 1), got {self.dropout}")

@@ -65,6 +65,11 @@ class CrossAttention(nn.Module):
         self.kv = nn.Linear(dim, 2 * dim, bias=qkv_bias)  # W_k, W_v stacked: one matmul
         self.proj = nn.Linear(dim, dim) if out_proj else nn.Identity()  # W_O
 
+    @property
+    def branch_output(self) -> nn.Linear | None:
+        """The last linear layer of this residual branch (W_O), or None without an output projection."""
+        return self.proj if isinstance(self.proj, nn.Linear) else None
+
     def forward(
         self, x: torch.Tensor, memory: torch.Tensor, rope_q: Rope | None = None, rope_kv: Rope | None = None
     ) -> torch.Tensor:

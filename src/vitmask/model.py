@@ -128,6 +128,11 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(dim, dim + 2 * kv_dim, bias=qkv_bias)  # W_q, W_k, W_v stacked: one matmul
         self.proj = nn.Linear(dim, dim) if out_proj else nn.Identity()
 
+    @property
+    def branch_output(self) -> nn.Linear | None:
+        """The last linear layer of this residual branch (W_O), or None without an output projection."""
+        return self.proj if isinstance(self.proj, nn.Linear) else None
+
     def forward(
         self,
         x: torch.Tensor,
@@ -156,8 +161,17 @@ class Attention(nn.Module):
         return self.proj(merge_heads(y))  # (B, N or M, D)
 
 
+class SquaredReLU(nn.Module):
+    """max(0, x)^2, element-wise."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x).square()
+
+
 class FeedForward(nn.Module):
     """Position-wise FFN: Y = act(X W_1 + b_1) W_2 + b_2, or with swiglu Y = (silu(X W_1) * X W_3) W_2.
+
+    act is relu, gelu or relu2, the squared ReLU max(0, x)^2 (Primer, So et al. 2021).
 
     For swiglu, fc1 holds W_1 and W_3 stacked (one matmul), so it maps D to 2F.
     """
@@ -166,8 +180,13 @@ class FeedForward(nn.Module):
         super().__init__()
         self.gated = activation == "swiglu"
         self.fc1 = nn.Linear(dim, 2 * hidden if self.gated else hidden, bias=not self.gated)
-        self.act = {"relu": nn.ReLU(), "gelu": nn.GELU(), "swiglu": nn.SiLU()}[activation]
+        self.act = {"relu": nn.ReLU(), "gelu": nn.GELU(), "relu2": SquaredReLU(), "swiglu": nn.SiLU()}[activation]
         self.fc2 = nn.Linear(hidden, dim, bias=not self.gated)
+
+    @property
+    def branch_output(self) -> nn.Linear:
+        """The last linear layer of this residual branch (W_2)."""
+        return self.fc2
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.fc1(x)  # (B, N, F) or (B, N, 2F)
@@ -232,6 +251,7 @@ class MaskedPatchViT(nn.Module):
         super().__init__()
         d = cfg.hidden_dim
         self.fill = fill if cfg.decoder == "none" else None  # a decoder brings its own mask token
+        self.zero_init_residual = cfg.zero_init_residual
         self.embed = nn.Linear(patch_dim, d)  # A_up, b_up
         if self.fill == "learned":
             self.mask_token = nn.Parameter(torch.zeros(d))  # the embedding of every masked patch
@@ -274,6 +294,10 @@ class MaskedPatchViT(nn.Module):
           is 1/sqrt(eps) ~ 316: 1e20 at the embedding after the encoder's 8 norms, an infinite
           gradient norm at the first step (measured). Elsewhere it stays zero.
         - LayerNorm and RMSNorm: the identity (weight 1, bias 0), torch's default, left as is.
+        - With `model.zero_init_residual`, the last linear layer of every residual branch (each
+          attention's output projection W_O, each FFN's W_2) starts at zero, so every block starts
+          as the identity and the stack as the embedding followed by the head (GPT-2's and
+          modded-nanogpt's practice). Without an output projection, attention's branch keeps its init.
         """
         for m in self.modules():
             if isinstance(m, nn.Linear):
@@ -288,6 +312,10 @@ class MaskedPatchViT(nn.Module):
             nn.init.normal_(self.embed.bias, std=0.02)
         if self.decoder is not None:  # the decoder's positions and mask token, by the same rules
             self.decoder.init_weights()
+        if self.zero_init_residual:  # every branch adds 0 at first: each block starts as the identity
+            for m in self.modules():
+                if getattr(m, "branch_output", None) is not None:
+                    nn.init.zeros_(m.branch_output.weight)
 
     def forward(self, patches: torch.Tensor, mask: torch.Tensor, ids: torch.Tensor | None = None) -> torch.Tensor:
         """patches (B, N, P) float pixels, mask (B, N) bool (True = masked), ids (B, M) masked indices.
