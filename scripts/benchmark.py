@@ -52,7 +52,7 @@ from vitmask.config import load_config  # noqa: E402
 from vitmask.data import load_splits  # noqa: E402
 from vitmask.errors import UserError  # noqa: E402
 from vitmask.flops import train_flops_per_image  # noqa: E402
-from vitmask.runtime import resolve_device  # noqa: E402
+from vitmask.runtime import precision_on, resolve_device  # noqa: E402
 from vitmask.train import Trainer  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -231,7 +231,9 @@ def build_vitmask(cfg, splits, device, name: str) -> tuple[Trainer, Timed]:
 
 def matmul_peak_for(cfg, peaks: dict[str, float]) -> float:
     """The yardstick: the bf16 peak whenever autocast is on or on CUDA, else fp32's."""
-    return peaks["bf16"] if cfg.train.precision != "fp32" or "fp32" not in peaks else peaks["fp32"]
+    if "fp32" not in peaks:  # CUDA
+        return peaks["bf16"]
+    return peaks["fp32"] if precision_on(cfg.train.precision, torch.device("cpu")) == "fp32" else peaks["bf16"]
 
 
 def profile_steps(t: Timed, n: int) -> None:
@@ -309,7 +311,7 @@ def main(argv=None) -> dict:
             ref.optimizer = use_fused_adam(ref.model, cfg.train.lr)
         if args.ref_compile:
             ref.model = torch.compile(ref.model)
-        ours_amp = {v: k for k, v in PRECISION.items()}[cfg.train.precision]
+        ours_amp = {v: k for k, v in PRECISION.items()}[precision_on(cfg.train.precision, device)]
         ref_amp = ours_amp if args.ref_autocast == "same" else args.ref_autocast
         theirs = Timed("reference", ref.sample, ref.train_step, device, ref_amp)
         for _ in range(args.warmup + (3 if args.ref_compile else 0)):

@@ -517,6 +517,22 @@ def test_a_config_that_cannot_fit_is_refused_before_anything_is_made_with_the_fi
     assert "needs about" in line and "GiB of memory" in line  # past int64: torch cannot describe the model at all
 
 
+@pytest.mark.parametrize("slowdown, scores_bytes", [(0.5, 2), (95.0, 0)])
+def test_the_estimate_of_auto_precision_is_that_of_what_it_runs(monkeypatch, slowdown, scores_bytes):
+    from vitmask import runtime
+
+    # auto on a CPU with bf16 instructions runs bf16, and CPU bf16 writes the (B, H, N, N) scores out
+    # (2 bytes each); on one without, fp32 through SDPA, which writes none
+    monkeypatch.setattr(runtime, "cpu_bf16_slowdown", lambda: slowdown)
+    runtime.auto_precision.cache_clear()
+    try:
+        est = memory.estimate(config_from_dict(TINY, ["train.precision=auto", "data.batch_size=8"]))
+    finally:
+        runtime.auto_precision.cache_clear()
+    n = (TINY["data"]["image_size"] // 2) ** 2
+    assert est.parts[f"attention scores (B, H, N, N) = 8 x 2 x {n} x {n}"] == scores_bytes * 2 * 8 * 2 * n * n
+
+
 # ---- image files ---------------------------------------------------------------------------------------
 def gray_of(mode: str, pixels: list, **info) -> list[int]:
     im = Image.new(mode, (len(pixels), 1))

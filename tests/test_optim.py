@@ -177,6 +177,29 @@ def test_bf16_autocast_runs_the_forward_in_bf16_and_keeps_fp32_weights():
     assert all(p.dtype == torch.float32 for p in trainer.model.parameters())
 
 
+@pytest.mark.parametrize("slowdown, dtype", [(0.5, torch.bfloat16), (95.0, torch.float32)])
+def test_auto_precision_trains_in_bf16_only_where_the_cpu_runs_it_natively(monkeypatch, capsys, slowdown, dtype):
+    from vitmask import runtime
+
+    # 0.5: a CPU with AVX512_BF16 or AMX (a bf16 matmul takes half the fp32 time); 95: an AVX2-only one
+    monkeypatch.setattr(runtime, "cpu_bf16_slowdown", lambda: slowdown)
+    runtime.auto_precision.cache_clear()
+    try:
+        cfg = tiny(precision="auto")
+        trainer = Trainer(cfg, load_splits(cfg), torch.device("cpu"))
+        want = "bf16" if dtype == torch.bfloat16 else "fp32"
+        assert capsys.readouterr().out.splitlines()[0] == f"train.precision=auto: {want} on this cpu"
+        dtypes = []
+        trainer.model.head.register_forward_hook(lambda m, i, o: dtypes.append(o.dtype))
+        trainer.train_step(trainer.sampler.sample())
+        trainer.evaluate()
+        assert dtypes[0] == dtype and set(dtypes) == {dtype}  # the step, then validation
+        assert all(p.dtype == torch.float32 for p in trainer.model.parameters())
+        assert trainer.cfg.train.precision == "auto"  # the config keeps what was asked for
+    finally:
+        runtime.auto_precision.cache_clear()
+
+
 def test_compiled_and_plain_models_share_checkpoints():
     splits = load_splits(tiny())
     compiled = Trainer(tiny(compile=True), splits, torch.device("cpu"))

@@ -334,7 +334,7 @@ class TrainConfig:
     min_lr: float = 0.0  # the lr the cosine and linear decays end at
     grad_clip: float = 0.0  # clip the global gradient norm to this; 0 = no clipping (the norm is still logged)
     accum_steps: int = 1  # micro-batches per step; data.batch_size must be divisible by it
-    precision: str = "fp32"  # fp32 | bf16 (autocast) | fp16 (autocast + GradScaler, CUDA only)
+    precision: str = "fp32"  # fp32 | bf16 (autocast) | fp16 (+ GradScaler, CUDA only) | auto (bf16 where native)
     compile: bool = False  # wrap the model in torch.compile
     deterministic: bool = False  # ask torch for deterministic algorithms (slower; exact resume on CPU)
     keep_last: int = 3  # step_*.pt checkpoints kept in the run dir (last.pt and best.pt always kept)
@@ -362,7 +362,7 @@ class TrainConfig:
         _check(self.warmup_steps >= 0, "train.warmup_steps", "must be >= 0")
         _check(0 <= self.min_lr <= self.lr, "train.min_lr", f"must be in [0, train.lr ({self.lr})], got {self.min_lr}")
         _check(self.grad_clip >= 0, "train.grad_clip", f"must be >= 0 (0 = off), got {self.grad_clip}")
-        _choice(self.precision, "train.precision", ("fp32", "bf16", "fp16"))
+        _choice(self.precision, "train.precision", ("fp32", "bf16", "fp16", "auto"))
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ import torch
 from vitmask.config import Config
 from vitmask.errors import UserError
 from vitmask.masking import num_masked
+from vitmask.runtime import precision_on
 from vitmask.shapes import CHUNK_PIXELS, MAX_SHAPES
 
 EVAL_BATCH = 256  # evaluate()'s batch size
@@ -58,7 +59,12 @@ def param_count(cfg: Config) -> int:
 def writes_out_attention(cfg: Config, device_type: str) -> bool:
     """Whether the attention scores (B, H, N, N) are materialised (model.Attention's rule)."""
     mode = cfg.model.attention
-    return mode == "explicit" or (mode == "auto" and device_type == "cpu" and cfg.train.precision != "fp32")
+    return mode == "explicit" or (mode == "auto" and device_type == "cpu" and precision(cfg, device_type) != "fp32")
+
+
+def precision(cfg: Config, device_type: str) -> str:
+    """train.precision as it runs on the device type (`auto` resolved)."""
+    return precision_on(cfg.train.precision, torch.device(device_type))
 
 
 @dataclass
@@ -84,7 +90,7 @@ def estimate(cfg: Config, device_type: str = "cpu", training: bool = True) -> Es
     m, d = cfg.model, cfg.data
     n, dim, ffn, c = d.num_patches, m.hidden_dim, m.ffn_dim, d.num_classes
     masked = num_masked(n, cfg.mask.ratio)
-    value = 4 if cfg.train.precision == "fp32" else 2
+    value = 4 if precision(cfg, device_type) == "fp32" else 2
     params = param_count(cfg)
     scores = writes_out_attention(cfg, device_type)
     b = d.batch_size

@@ -3,12 +3,16 @@
 Precision: fp32 runs as is; bf16 runs the forward pass under `torch.autocast`; fp16 adds a
 `GradScaler` and needs CUDA. On CPU the autocast context is `nullcontext()` for fp32, so no
 `torch.cuda` call is made on a CPU path. bf16 on a CPU without bf16 instructions (AVX2 only) gets
-a warning: torch emulates it there, about 100x slower than fp32 (docs/benchmarks.md).
+a warning: torch emulates it there, about 100x slower than fp32 (docs/benchmarks.md). `auto` is
+bf16 where the device runs bf16 matmuls natively (a CUDA GPU with bf16; a CPU with AVX512_BF16 or
+AMX, where one takes about half the fp32 time) and fp32 elsewhere, decided once per process and
+device type (`precision_on`); the config keeps `auto`, the run's first line says what it ran.
 """
 
 import contextlib
 import ctypes
 import ctypes.util
+import functools
 import os
 import random
 import shutil
@@ -37,7 +41,8 @@ def resolve_device(name: str) -> torch.device:
 
 
 def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
-    """The context the forward pass runs in: autocast for bf16/fp16, nothing for fp32."""
+    """The context the forward pass runs in: autocast for bf16/fp16, nothing for fp32 (auto: either)."""
+    precision = precision_on(precision, device)
     if precision == "fp32":
         return contextlib.nullcontext()
     return torch.autocast(device.type, dtype=DTYPES[precision])
@@ -62,6 +67,22 @@ def cpu_bf16_slowdown(size: int = 256, repeats: int = 5) -> float:
             times.append(time.perf_counter() - start)
         best.append(min(times))
     return best[1] / best[0]
+
+
+def precision_on(precision: str, device: torch.device) -> str:
+    """The precision a run uses on `device`: `precision` itself, or what `auto` resolves to there."""
+    return auto_precision(device.type) if precision == "auto" else precision
+
+
+@functools.cache
+def auto_precision(device_type: str) -> str:
+    """train.precision=auto on a device type: bf16 where its bf16 matmuls are native (CUDA with bf16
+    support; a CPU where one takes less time than in fp32), else fp32. Timed once per process."""
+    if device_type == "cuda":
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
+    if device_type == "cpu":
+        return "bf16" if cpu_bf16_slowdown() < 1.0 else "fp32"
+    return "fp32"
 
 
 def check_precision(precision: str, device: torch.device) -> None:
@@ -176,6 +197,8 @@ def prepare_process(cfg: Config, device: torch.device, world: World) -> None:
     model is built: glibc keeping freed memory (CPU), deterministic algorithms, every RNG seeded."""
     t = cfg.train
     check_precision(t.precision, device)
+    if t.precision == "auto" and world.main:
+        print(f"train.precision=auto: {precision_on(t.precision, device)} on this {device.type}")
     if device.type == "cpu":
         keep_freed_memory()  # no page faults on every step's activations
     check_batch(cfg.data.batch_size, t.accum_steps, world)
