@@ -12,8 +12,10 @@ from vitmask.config import ModelConfig, config_from_dict
 from vitmask.errors import UserError
 from vitmask.model import (
     Attention,
+    Block,
     FeedForward,
     MaskedPatchViT,
+    TokenConv,
     apply_rope,
     make_norm,
     rope_2d_angles,
@@ -71,6 +73,33 @@ def test_zero_init_residual_starts_every_block_as_the_identity(extra):
         x = torch.where(mask.unsqueeze(-1), model.mask_token, patches @ model.embed.weight.T + model.embed.bias)
         x = torch.nn.functional.layer_norm(x + model.pos, (16,))  # the final norm, still the identity affine
         torch.testing.assert_close(model(patches, mask), x @ model.head.weight.T + model.head.bias)
+
+
+def test_token_conv_sums_each_channel_over_its_zero_padded_neighbours():
+    torch.manual_seed(0)
+    conv = TokenConv(2, 3)
+    x = torch.randn(2, 16, 2)  # a 4x4 grid of tokens, 2 channels
+    w, b = conv.conv.weight[:, 0], conv.conv.bias  # (2, 3, 3), (2,)
+    want = torch.zeros_like(x)
+    for r in range(4):
+        for c in range(4):
+            want[:, 4 * r + c] = b
+            for dr in (-1, 0, 1):
+                for dc in (-1, 0, 1):
+                    if 0 <= r + dr < 4 and 0 <= c + dc < 4:  # outside the grid counts as 0
+                        want[:, 4 * r + c] += w[:, dr + 1, dc + 1] * x[:, 4 * (r + dr) + c + dc]
+    torch.testing.assert_close(conv(x), want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_block_with_a_token_conv_adds_it_to_its_input_first():
+    cfg = ModelConfig(hidden_dim=8, num_heads=2, depth=1, ffn_dim=16, token_conv=3)
+    torch.manual_seed(0)
+    block, plain = Block(cfg), Block(ModelConfig(hidden_dim=8, num_heads=2, depth=1, ffn_dim=16))
+    plain.load_state_dict({k: v for k, v in block.state_dict().items() if not k.startswith("token_conv")})
+    x, ids = torch.randn(2, 9, 8), torch.tensor([[0, 4], [8, 3]])
+    y = x + block.token_conv(x)
+    torch.testing.assert_close(block(x), plain(y))
+    torch.testing.assert_close(block(x, ids=ids), plain(y, ids=ids))  # the last block: the grid first, then ids
 
 
 def hand_attention(x, attn, num_heads, num_kv_heads, rope=None):
@@ -171,7 +200,10 @@ VARIANTS = [
     {"pos": "sincos2d"},
     {"pos": "rope2d"},
     {"pos": "rope2d+learned"},
+    {"activation": "relu2"},
+    {"token_conv": 3},
     {"norm": "rmsnorm", "activation": "swiglu", "num_kv_heads": 2, "pos": "rope2d"},
+    {"norm": "rmsnorm", "activation": "relu2", "num_kv_heads": 2, "pos": "rope2d+learned", "token_conv": 5},
 ]
 
 
@@ -265,12 +297,15 @@ def test_rope2d_learned_is_rope2d_plus_an_added_vector():
         ("model.activation=geglu", ("model.activation", "swiglu")),
         ("model.attention=flash", ("model.attention", "auto, sdpa, explicit")),
         ("model.hidden_dim=24", ("rope2d", "model.num_heads")),  # with rope2d and 4 heads: head dim 6
+        ("model.token_conv=2", ("model.token_conv", "odd kernel size")),
+        ("model.token_conv=-3", ("model.token_conv", "odd kernel size")),
+        ("model.decoder=cross,model.token_conv=3", ("model.token_conv", "model.decoder=cross", "token_conv=0")),
     ],
 )
 def test_bad_variant_settings_are_user_errors(setting, needles):
     base = {"model": {"hidden_dim": 32, "num_heads": 4, "pos": "rope2d" if "hidden_dim" in setting else "learned"}}
     with pytest.raises(UserError) as e:
-        config_from_dict(base, [setting])
+        config_from_dict({**base, "mask": {"fill": "learned"}}, setting.split(","))
     for needle in needles:
         assert needle in str(e.value)
 

@@ -188,6 +188,8 @@ class ModelConfig:
     out_proj: bool = True  # linear projection after concatenating the heads
     zero_init_residual: bool = False  # last linear of each branch (W_O, FFN W_2) at 0: blocks start as identity
     dropout: float = 0.0  # dropout on attention weights and on each residual branch
+    # k > 0: each block first adds a depthwise k x k convolution over the grid of tokens (local mixing, CPE)
+    token_conv: int = 0  # kernel size k of that convolution, odd; 0 = none
     num_kv_heads: int = 0  # key/value heads for grouped-query attention; 0 = num_heads (plain multi-head)
     # rope2d+learned: rotary, plus a learned vector added, so a token knows where it is even when all it sees is
     # the mask embedding (under rope2d alone a blank canvas looks the same at every position)
@@ -261,6 +263,17 @@ class ModelConfig:
         _choice(self.norm, "model.norm", ("none", "layernorm", "rmsnorm"))
         _choice(self.norm_position, "model.norm_position", ("pre", "post"))
         _check(0.0 <= self.dropout < 1.0, "model.dropout", f"must be in [0, 1), got {self.dropout}")
+        _check(
+            self.token_conv == 0 or (self.token_conv > 0 and self.token_conv % 2 == 1),
+            "model.token_conv",
+            f"must be 0 (off) or an odd kernel size such as 3, got {self.token_conv}",
+        )
+        _check(
+            self.token_conv == 0 or self.decoder == "none",
+            "model.token_conv",
+            f"({self.token_conv}) convolves the whole grid of tokens, which an encoder of visible patches "
+            f"(model.decoder={self.decoder}) does not have; set model.token_conv=0 or model.decoder=none",
+        )
         _check(self.num_kv_heads >= 0, "model.num_kv_heads", "must be >= 0 (0 = num_heads)")
         _check(
             self.num_heads % self.kv_heads == 0,

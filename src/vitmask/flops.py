@@ -10,7 +10,8 @@ def forward_flops_per_image(cfg: Config, masked_last_block: bool = True) -> int:
 
     Per block, with N tokens of which Q ask queries, D = hidden_dim, Dkv = kv_heads * head_dim,
     F = ffn_dim: Q projection 2 Q D^2, K and V 2 N D 2 Dkv, scores Q K^T 2 Q N D, weights x V
-    2 Q N D, output projection 2 Q D^2, FFN 2 Q D F x (2, or 3 for swiglu). Q = N in every block
+    2 Q N D, output projection 2 Q D^2, FFN 2 Q D F x (2, or 3 for swiglu), and with a token
+    convolution of k x k (`model.token_conv`) 2 N D k^2 (it sees the whole grid). Q = N in every block
     but the last, which computes only the M masked tokens the head reads (Q = M; Q = N with
     masked_last_block=False, as a model that computes every token, like the reference). Plus the patch
     embedding 2 N P D and the head 2 M D C. Norms, softmax, GELU, RoPE and the loss are left out
@@ -24,7 +25,8 @@ def forward_flops_per_image(cfg: Config, masked_last_block: bool = True) -> int:
     def block(q: int) -> int:
         ffn = 2 * q * f * dim * (3 if m.activation == "swiglu" else 2)
         proj = 2 * q * dim * dim if m.out_proj else 0
-        return 2 * q * dim * dim + 2 * n * dim * 2 * kv + 2 * 2 * q * n * dim + proj + ffn
+        conv = 2 * n * dim * m.token_conv**2
+        return 2 * q * dim * dim + 2 * n * dim * 2 * kv + 2 * 2 * q * n * dim + proj + ffn + conv
 
     if m.decoder != "none":
         return encoder_decoder_flops_per_image(cfg, masked_last_block)

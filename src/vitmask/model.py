@@ -196,6 +196,25 @@ class FeedForward(nn.Module):
         return self.fc2(self.act(h))  # (B, N, D)
 
 
+class TokenConv(nn.Module):
+    """A depthwise k x k convolution over the g x g grid of tokens, zero-padded at the border: channel c
+    of a token becomes b_c + sum over its k x k neighbours j of w_c[j] x_j[c] (as CPE, Chu et al. 2021).
+
+    The mixing is local and the same at every position; a block adds it to its input first.
+    """
+
+    def __init__(self, dim: int, kernel: int):
+        super().__init__()
+        self.conv = nn.Conv2d(dim, dim, kernel, padding=kernel // 2, groups=dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x (B, N, D) on a g x g grid, row-major -> (B, N, D)."""
+        b, n, d = x.shape
+        g = math.isqrt(n)
+        y = self.conv(x.transpose(1, 2).reshape(b, d, g, g))  # (B, D, g, g)
+        return y.flatten(2).transpose(1, 2)  # (B, N, D)
+
+
 def make_norm(kind: str, dim: int) -> nn.Module:
     if kind == "layernorm":
         return nn.LayerNorm(dim)
@@ -206,6 +225,7 @@ def make_norm(kind: str, dim: int) -> nn.Module:
 
 class Block(nn.Module):
     """Attention then FFN, each a residual branch. Pre-norm: x + f(norm(x)); post-norm: norm(x + f(x)).
+    With `model.token_conv` k, x + TokenConv(x) comes first (the whole grid, before any tokens are picked).
 
     With `ids`, the block computes only the tokens in ids (attending to all N): the model's last
     block does so for the masked tokens, the only ones the head reads.
@@ -222,6 +242,7 @@ class Block(nn.Module):
         self.norm2 = make_norm(cfg.norm, d)
         self.ffn = FeedForward(d, cfg.ffn_dim, cfg.activation)
         self.drop = nn.Dropout(cfg.dropout)
+        self.token_conv = TokenConv(d, cfg.token_conv) if cfg.token_conv else None
 
     def forward(
         self,
@@ -230,6 +251,8 @@ class Block(nn.Module):
         ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """x (B, N, D) -> (B, N, D), or (B, M, D) for the tokens in ids (B, M)."""
+        if self.token_conv is not None:
+            x = x + self.token_conv(x)  # (B, N, D)
         res = x if ids is None else gather_tokens(x, ids)  # (B, N or M, D)
         if self.pre_norm:
             x = res + self.drop(self.attn(self.norm1(x), rope, ids))
@@ -294,6 +317,7 @@ class MaskedPatchViT(nn.Module):
           is 1/sqrt(eps) ~ 316: 1e20 at the embedding after the encoder's 8 norms, an infinite
           gradient norm at the first step (measured). Elsewhere it stays zero.
         - LayerNorm and RMSNorm: the identity (weight 1, bias 0), torch's default, left as is.
+        - The token convolution (`model.token_conv`): torch's default for a convolution, as CPE.
         - With `model.zero_init_residual`, the last linear layer of every residual branch (each
           attention's output projection W_O, each FFN's W_2) starts at zero, so every block starts
           as the identity and the stack as the embedding followed by the head (GPT-2's and
