@@ -94,8 +94,8 @@ def test_shipped_configs_are_what_the_readme_table_says():
     d = mnist.data
     assert (d.source, d.name, d.path, d.download) == ("torchvision", "MNIST", "data/mnist", True)
     assert (d.image_size, d.fit, d.threshold) == (28, "none", 0.5)  # 28x28 as they are, binarized at 0.5
-    assert mnist.model.pos == "rope2d+learned" and mnist.mask.fill == "learned"
-    assert (mnist.train.optimizer, mnist.train.precision, mnist.train.compile) == ("muon", "fp32", True)
+    assert mnist.model.pos == "rope2d+learned" and mnist.mask.fill == "learned" and mnist.model.token_conv == 3
+    assert (mnist.train.optimizer, mnist.train.precision, mnist.train.compile) == ("muon", "auto", True)
     seed = load_config(ROOT / "configs" / "seed.yaml")
     d, m = seed.data, seed.model
     assert (d.image_size, d.num_patches, m.hidden_dim, m.num_heads, m.ffn_dim) == (64, 1024, 128, 2, 512)
