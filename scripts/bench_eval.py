@@ -12,14 +12,14 @@ import argparse
 import time
 from pathlib import Path
 
-from vitmask.baselines import fit_baselines
 from vitmask.config import load_config
-from vitmask.data import BatchSampler
-from vitmask.evaluate import evaluate
-from vitmask.model import build_model
-from vitmask.runtime import resolve_device
-from vitmask.shapes import make_splits
-from vitmask.train import masked_loss
+from vitmask.data.batches import BatchSampler
+from vitmask.data.shapes import make_splits
+from vitmask.evaluate.baselines import fit_baselines
+from vitmask.evaluate.scores import evaluate
+from vitmask.model.vit import build_model
+from vitmask.runtime.process import resolve_device
+from vitmask.train.trainer import masked_loss
 
 
 def timed(fn, repeats: int) -> float:

@@ -17,9 +17,9 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from vitmask.config import Config
+from vitmask.data.masking import num_masked
+from vitmask.data.patches import patches_to_classes, patchify
 from vitmask.errors import UserError
-from vitmask.masking import num_masked
-from vitmask.patches import patches_to_classes, patchify
 
 
 class PerSampleMaskedPatches(Dataset):

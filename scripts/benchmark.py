@@ -11,7 +11,7 @@ that), while vitmask runs as its config says; --autocast and --compile set its t
 train.compile, so the trainer's own autocast and torch.compile are what is timed. Reported for each: training
 images/s and tokens/s (median of timed steps after warm-up), the share of the step spent building
 the batch (timed alone and inside the step), peak memory (RSS on CPU, max allocated on CUDA),
-achieved FLOP/s from the analytic count (vitmask.flops) and its percentage of a dense matmul peak
+achieved FLOP/s from the analytic count (vitmask.model.flops) and its percentage of a dense matmul peak
 measured in this run (2048^2 fp32 and bf16 on CPU, 8192^3 bf16 on CUDA), and eval images/s.
 
     python scripts/benchmark.py                                   # the CPU target model, batch 128
@@ -49,11 +49,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from vitmask.config import load_config  # noqa: E402
-from vitmask.data import load_splits  # noqa: E402
+from vitmask.data.batches import load_splits  # noqa: E402
 from vitmask.errors import UserError  # noqa: E402
-from vitmask.flops import train_flops_per_image  # noqa: E402
-from vitmask.runtime import precision_on, resolve_device  # noqa: E402
-from vitmask.train import Trainer  # noqa: E402
+from vitmask.model.flops import train_flops_per_image  # noqa: E402
+from vitmask.runtime.process import precision_on, resolve_device  # noqa: E402
+from vitmask.train.trainer import Trainer  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "scripts"))
 from bench_reference import ReferenceRun  # noqa: E402

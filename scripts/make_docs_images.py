@@ -21,16 +21,16 @@ from pathlib import Path
 
 import torch
 
-from vitmask import runner
-from vitmask.checkpoint import load_model
-from vitmask.data import eval_batches, load_splits
-from vitmask.evaluate import format_report
-from vitmask.inpaint import fill_accuracy
-from vitmask.likelihood import format_nll
-from vitmask.masking import centre_box_mask
-from vitmask.render import reconstruction_grid, save_binary_image, save_grid
-from vitmask.runtime import resolve_device
-from vitmask.sampling import DecodeOptions, decode_masked
+from vitmask.cli import verbs
+from vitmask.data.batches import eval_batches, load_splits
+from vitmask.data.masking import centre_box_mask
+from vitmask.evaluate.likelihood import format_nll
+from vitmask.evaluate.pictures import reconstruction_grid, save_binary_image, save_grid
+from vitmask.evaluate.scores import format_report
+from vitmask.generate.inpaint import fill_accuracy
+from vitmask.generate.sampling import DecodeOptions, decode_masked
+from vitmask.runs.checkpoint import load_model
+from vitmask.runtime.process import resolve_device
 
 
 def centre_box(grid: int, patch_size: int) -> tuple[int, int, int, int]:
@@ -61,15 +61,15 @@ def main(argv: list[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     device = resolve_device(a.device)
 
-    report = runner.evaluate_checkpoint(
+    report = verbs.evaluate_checkpoint(
         a.checkpoint, a.split, a.ratios, a.device, a.seed, "random", True, True, a.nll_strata, a.nll_samples
     )
     table, nll_text = format_report(report), format_nll(report["nll"])
     print(table + "\n\n" + nll_text)
-    block_table = format_report(runner.evaluate_checkpoint(a.checkpoint, a.split, a.ratios, a.device, a.seed, "block"))
+    block_table = format_report(verbs.evaluate_checkpoint(a.checkpoint, a.split, a.ratios, a.device, a.seed, "block"))
     print(block_table)
-    runner.reconstruct(a.checkpoint, out / "reconstruct.png", a.n, None, a.split, a.seed, a.device)
-    runner.sample(
+    verbs.reconstruct(a.checkpoint, out / "reconstruct.png", a.n, None, a.split, a.seed, a.device)
+    verbs.sample(
         a.checkpoint, out / "samples.png", a.samples, a.sample_steps, a.temperature, a.seed, a.device, "random"
     )
 
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> None:
     user_image = images[0] if not d.invert else 1 - images[0]
     save_binary_image(user_image, out / "inpaint_input.png")
     box_arg = ",".join(map(str, box))
-    runner.inpaint(a.checkpoint, out / "inpaint_input.png", [box_arg], None, out / "inpaint_filled.png", True,
+    verbs.inpaint(a.checkpoint, out / "inpaint_input.png", [box_arg], None, out / "inpaint_filled.png", True,
                    a.steps, a.device)  # fmt: skip
 
     shown = images[: a.n]

@@ -21,12 +21,12 @@ from pathlib import Path  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from vitmask.checkpoint import save_checkpoint  # noqa: E402
 from vitmask.config import load_config  # noqa: E402
-from vitmask.data import load_splits  # noqa: E402
+from vitmask.data.batches import load_splits  # noqa: E402
 from vitmask.errors import UserError  # noqa: E402
-from vitmask.runtime import resolve_device  # noqa: E402
-from vitmask.train import Trainer  # noqa: E402
+from vitmask.runs.checkpoint import save_checkpoint  # noqa: E402
+from vitmask.runtime.process import resolve_device  # noqa: E402
+from vitmask.train.trainer import Trainer  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -49,8 +49,8 @@ def train_tiny(root: Path, overrides: dict | None = None) -> Path:
     import torch
 
     from vitmask.config import load_config
-    from vitmask.data import load_splits
-    from vitmask.train import Trainer
+    from vitmask.data.batches import load_splits
+    from vitmask.train.trainer import Trainer
 
     cfg = load_config(write_config(root / "tiny.yaml", overrides))
     Trainer(cfg, load_splits(cfg), torch.device("cpu")).fit(run_dir=root, progress=False)
@@ -108,12 +108,12 @@ class RecordingLogger:
 @pytest.fixture
 def run_cli_in_process(capsys):
     """Run `vitmask ARGS` in this process (no torch import per call); returns what `run_cli` would."""
-    from vitmask import cli
+    from vitmask.cli import commands
 
     def run(*args) -> subprocess.CompletedProcess:
         capsys.readouterr()
         with pytest.raises(SystemExit) as exit_:
-            cli.main([str(a) for a in args])
+            commands.main([str(a) for a in args])
         out, err = capsys.readouterr()
         return subprocess.CompletedProcess(args, exit_.value.code, out, err)
 

@@ -4,11 +4,11 @@ from collections import Counter
 
 import torch
 
-from vitmask.baselines import EIGHT, FOUR, codes_fit, context_codes, fit_baselines, fit_table, lookup
 from vitmask.config import config_from_dict
-from vitmask.data import eval_batches
-from vitmask.evaluate import evaluate
-from vitmask.patches import classes_to_patches, unpatchify
+from vitmask.data.batches import eval_batches
+from vitmask.data.patches import classes_to_patches, unpatchify
+from vitmask.evaluate.baselines import EIGHT, FOUR, codes_fit, context_codes, fit_baselines, fit_table, lookup
+from vitmask.evaluate.scores import evaluate
 
 
 def images_from_classes(classes: list[list[int]], patch_size: int = 2) -> torch.Tensor:

@@ -7,7 +7,7 @@ import torch
 
 from tests.conftest import ROOT
 from vitmask.config import Config, DataConfig, MaskConfig, ModelConfig
-from vitmask.model import build_model
+from vitmask.model.vit import build_model
 
 sys.path.insert(0, str(ROOT / "scripts"))
 from bench_reference import PerSampleMaskedPatches, ReferenceRun, ReferenceViT  # noqa: E402

@@ -9,14 +9,14 @@ import pytest
 import torch
 
 from tests.conftest import TINY
-from vitmask import runner
-from vitmask.checkpoint import load_checkpoint, load_model
+from vitmask.cli import verbs
 from vitmask.config import config_from_dict
-from vitmask.data import load_splits
+from vitmask.data.batches import load_splits
 from vitmask.errors import UserError
-from vitmask.model import build_model
-from vitmask.optim import build_optimizer, build_scheduler
-from vitmask.train import Trainer
+from vitmask.model.vit import build_model
+from vitmask.runs.checkpoint import load_checkpoint, load_model
+from vitmask.train.optim import build_optimizer, build_scheduler
+from vitmask.train.trainer import Trainer
 
 RAW = {**TINY, "train": {**TINY["train"], "max_steps": 8, "eval_every": 8, "checkpoint_every": 8}}
 STEP, BEST = 7, 1.25
@@ -73,7 +73,7 @@ def test_todays_checkpoint_loads_for_eval(tmp_path):
     assert not model.training
     for k, v in written["model"].items():
         assert torch.equal(model.state_dict()[k], v), k
-    report = runner.evaluate_checkpoint(path, "val", [0.5], "cpu")
+    report = verbs.evaluate_checkpoint(path, "val", [0.5], "cpu")
     assert report["images"] == TINY["data"]["num_val"]
     assert report["results"][0]["masked_patches"] == 64 * 32  # 64 val images, 32 of 64 patches masked
 
@@ -103,7 +103,7 @@ def test_todays_checkpoint_resumes_through_the_train_command(tmp_path, capsys):
     path = tmp_path / "run" / "old.pt"
     path.parent.mkdir()
     write_todays_checkpoint(path)
-    run_dir, val = runner.train(None, [], None, str(path), "cpu")  # its folder, its config: one step to 8
+    run_dir, val = verbs.train(None, [], None, str(path), "cpu")  # its folder, its config: one step to 8
     assert run_dir == path.parent
     assert f"resuming {run_dir} from step {STEP}" in capsys.readouterr().out
     assert load_checkpoint(run_dir / "last.pt")["step"] == STEP + 1
@@ -127,9 +127,9 @@ def test_a_checkpoint_of_another_shape_is_refused_by_eval_and_resume(tmp_path):
 def test_count_params_counts_the_checkpoints_model(tmp_path):
     path = tmp_path / "old.pt"
     written = write_todays_checkpoint(path)
-    rows = runner.count_params(None, path, [])
+    rows = verbs.count_params(None, path, [])
     want = {k: v.numel() for k, v in written["model"].items()}  # every model tensor is a parameter here
     assert {name: n for name, _, n, _ in rows} == want
     assert {name: shape for name, shape, _, _ in rows}["embed.weight"] == (32, 4)
-    deeper = runner.count_params(None, path, ["model.depth=3"])  # a variant of the checkpoint's config
+    deeper = verbs.count_params(None, path, ["model.depth=3"])  # a variant of the checkpoint's config
     assert len(deeper) > len(rows)

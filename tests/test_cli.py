@@ -8,9 +8,9 @@ import torch.nn.functional as F
 
 from tests.conftest import ROOT, assert_user_error, run_cli, write_config
 from vitmask.config import config_from_dict
-from vitmask.data import eval_batches, load_splits
-from vitmask.model import build_model
-from vitmask.patches import classes_to_patches, patches_to_classes, patchify
+from vitmask.data.batches import eval_batches, load_splits
+from vitmask.data.patches import classes_to_patches, patches_to_classes, patchify
+from vitmask.model.vit import build_model
 
 
 def test_count_params_prints_the_seed_table_and_total():

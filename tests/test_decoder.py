@@ -12,15 +12,15 @@ from PIL import Image
 from torch import nn
 
 from tests.conftest import assert_user_error, run_cli, write_config
-from vitmask import runner
-from vitmask.checkpoint import load_model, save_checkpoint
+from vitmask.cli import verbs
 from vitmask.config import Config, DataConfig, MaskConfig, ModelConfig, config_from_dict
-from vitmask.decoder import CrossAttention
+from vitmask.data.masking import random_mask, visible_ids
 from vitmask.errors import UserError
-from vitmask.masking import random_mask, visible_ids
-from vitmask.model import apply_rope, build_model, gather_rope, gather_tokens, rope_2d_angles, split_heads
-from vitmask.optim import param_groups
-from vitmask.params import format_table
+from vitmask.model.decoder import CrossAttention
+from vitmask.model.params import format_table
+from vitmask.model.vit import apply_rope, build_model, gather_rope, gather_tokens, rope_2d_angles, split_heads
+from vitmask.runs.checkpoint import load_model, save_checkpoint
+from vitmask.train.optim import param_groups
 
 DESIGNS = [
     {"decoder": "self"},
@@ -264,19 +264,19 @@ def test_every_verb_runs_with_a_decoder(kind, tmp_path):
     config = write_config(tmp_path / "c.yaml", {"mask": {"ratio": 0.5, "fill": "learned"}})
     sets = [f"model.decoder={kind}", "model.decoder_dim=16", "model.pos=rope2d"]
     sets += ["train.max_steps=4", "train.eval_every=4", "train.checkpoint_every=4", "train.log_every=2"]
-    run_dir, val = runner.train(config, sets, tmp_path / "run", None, "cpu")
+    run_dir, val = verbs.train(config, sets, tmp_path / "run", None, "cpu")
     ckpt = run_dir / "last.pt"
     assert 0.0 <= val["acc"] <= 1.0
-    report = runner.evaluate_checkpoint(ckpt, "test", [0.5, 0.75], "cpu")
+    report = verbs.evaluate_checkpoint(ckpt, "test", [0.5, 0.75], "cpu")
     assert [r["mask_ratio"] for r in report["results"]] == [0.5, 0.75]
     assert set(report["results"][0]["baselines"]) == {"majority", "position", "neighbour"}
-    assert runner.reconstruct(ckpt, tmp_path / "r.png", 4, 0.5, "test", 0, "cpu").is_file()
+    assert verbs.reconstruct(ckpt, tmp_path / "r.png", 4, 0.5, "test", 0, "cpu").is_file()
     image = tmp_path / "me.png"
     Image.fromarray((torch.rand(16, 16) > 0.5).to(torch.uint8).numpy() * 255).save(image)
     for iterative in (False, True):
-        r = runner.inpaint(ckpt, image, ["2,2,10,10"], None, tmp_path / f"f{iterative}.png", iterative, 3, "cpu")
+        r = verbs.inpaint(ckpt, image, ["2,2,10,10"], None, tmp_path / f"f{iterative}.png", iterative, 3, "cpu")
         assert r["filled_patches"] == 16
-    table = format_table(runner.count_params(None, ckpt, []))
+    table = format_table(verbs.count_params(None, ckpt, []))
     assert "decoder.mask_token" in table and "encoder" in table
 
 
@@ -320,7 +320,7 @@ def test_the_decoder_width_defaults_follow_the_encoder():
 
 @pytest.mark.parametrize("design", DESIGNS)
 def test_probe_features_of_a_decoder_model_are_its_encoder_on_the_whole_image(design):
-    from vitmask.probe import extract_features
+    from vitmask.evaluate.probe import extract_features
 
     torch.manual_seed(0)
     model = build_model(decoder_config(**design)).eval()

@@ -7,8 +7,8 @@ import sys
 import torch
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
-from vitmask import runner
-from vitmask.checkpoint import load_checkpoint
+from vitmask.cli import verbs
+from vitmask.runs.checkpoint import load_checkpoint
 
 from .conftest import ROOT, run_cli, write_config
 
@@ -86,7 +86,7 @@ def test_two_gloo_processes_follow_one_process_with_a_cross_attention_decoder(tm
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        runner.train(cfg, [], one, None, "cpu")
+        verbs.train(cfg, [], one, None, "cpu")
     finally:
         torch.set_num_threads(threads)
     res = torchrun("train", "--config", cfg, "--run-dir", two, "--device", "cpu")

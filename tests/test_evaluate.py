@@ -6,10 +6,10 @@ import torch
 import torch.nn.functional as F
 
 from vitmask.config import config_from_dict
-from vitmask.data import eval_batches
-from vitmask.evaluate import evaluate, format_report
-from vitmask.patches import classes_to_patches, patches_to_classes
-from vitmask.shapes import make_splits
+from vitmask.data.batches import eval_batches
+from vitmask.data.patches import classes_to_patches, patches_to_classes
+from vitmask.data.shapes import make_splits
+from vitmask.evaluate.scores import evaluate, format_report
 
 CFG = config_from_dict({"data": {"image_size": 8, "patch_size": 2}, "mask": {"ratio": 0.5}})
 SCALE = 5.0

@@ -1,8 +1,8 @@
 """Faults, races and hostile input: every one ends in one line (exit 2, or 130/143 for a signal),
 and nothing is lost or overwritten.
 
-Most scenarios run in process: `runner.train` (what `vitmask train` calls) on a tiny config, or
-`cli.main` with its exit code and stderr. Subprocesses only where a real second process or a real
+Most scenarios run in process: `verbs.train` (what `vitmask train` calls) on a tiny config, or
+`commands.main` with its exit code and stderr. Subprocesses only where a real second process or a real
 signal is the point: two trainers racing, and a signal during start-up and data loading.
 """
 
@@ -24,13 +24,17 @@ import yaml
 from PIL import Image
 
 from tests.conftest import ROOT, TINY, write_config
-from vitmask import cli, memory, outputs, rundir, runner, sources
-from vitmask.checkpoint import load_checkpoint, save_checkpoint
+from vitmask import outputs
+from vitmask.cli import commands, verbs
 from vitmask.config import config_from_dict, load_config
+from vitmask.data import sources
+from vitmask.data.imagefile import gray_levels
+from vitmask.data.preprocess import load_image_file
 from vitmask.errors import Stopped, UserError
-from vitmask.imagefile import gray_levels
-from vitmask.model import build_model
-from vitmask.preprocess import load_image_file
+from vitmask.model.vit import build_model
+from vitmask.runs import rundir
+from vitmask.runs.checkpoint import load_checkpoint, save_checkpoint
+from vitmask.runtime import memory
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
 SHORT = {"train": {"max_steps": 4, "eval_every": 2, "checkpoint_every": 2, "log_every": 2}}
@@ -41,10 +45,10 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> Path:
-    """A finished 4-step run (checkpoints at steps 2 and 4), made by `runner.train`; copy it to change it."""
+    """A finished 4-step run (checkpoints at steps 2 and 4), made by `verbs.train`; copy it to change it."""
     root = tmp_path_factory.mktemp("trained")
     cfg = write_config(root / "c.yaml", SHORT)
-    run_dir, _ = runner.train(cfg, [], root / "run", None, "cpu")
+    run_dir, _ = verbs.train(cfg, [], root / "run", None, "cpu")
     return run_dir
 
 
@@ -67,7 +71,7 @@ def run_main(capsys, *args) -> tuple[int, str, str]:
     """`vitmask ARGS` in process: exit code, stdout, stderr."""
     capsys.readouterr()
     with pytest.raises(SystemExit) as exit_:
-        cli.main([str(a) for a in args])
+        commands.main([str(a) for a in args])
     out, err = capsys.readouterr()
     return exit_.value.code, out, err
 
@@ -112,39 +116,39 @@ def test_two_trainers_racing_for_one_run_dir(tmp_path):
             with pytest.raises(
                 UserError, match=rf"run dir {run} is in use by another vitmask process \(pid {first.pid}\)"
             ):
-                runner.train(cfg, [], run, resume, "cpu")
+                verbs.train(cfg, [], run, resume, "cpu")
     finally:
         first.send_signal(signal.SIGTERM)
         _, err = first.communicate(timeout=120)
     assert first.returncode == 143, err
     stopped = load_checkpoint(run / "last.pt")["step"]  # the first run is whole: its checkpoint, its config
     assert load_config(run / "config.yaml").train.max_steps == 100000
-    runner.train(None, [f"train.max_steps={stopped + 1}"], run, "auto", "cpu")  # the lock went with the process
+    verbs.train(None, [f"train.max_steps={stopped + 1}"], run, "auto", "cpu")  # the lock went with the process
     assert load_checkpoint(run / "last.pt")["step"] == stopped + 1
 
 
 def test_resume_into_a_foreign_run_dir_is_refused_and_a_fork_gets_its_own_id(trained, tmp_path, capsys):
     a = copy_run(trained, tmp_path / "a")
     b = tmp_path / "b"
-    runner.train(write_config(tmp_path / "b.yaml", {**SHORT, "seed": 1}), [], b, None, "cpu")
+    verbs.train(write_config(tmp_path / "b.yaml", {**SHORT, "seed": 1}), [], b, None, "cpu")
     before = snapshot(b)
     line = user_error(capsys, "train", "--resume", a / "last.pt", "--run-dir", b)
     assert f"run dir {b} holds the checkpoints of another run" in line and str(a) in line
     assert snapshot(b) == before  # nothing overwritten, nothing deleted
 
     fork = tmp_path / "fork"  # into a dir without checkpoints: a new run from a's state
-    runner.train(None, ["train.max_steps=6"], fork, str(a / "last.pt"), "cpu")
+    verbs.train(None, ["train.max_steps=6"], fork, str(a / "last.pt"), "cpu")
     assert "starting a new run in" in capsys.readouterr().out
     ids = {load_checkpoint(p / "last.pt")["run_id"] for p in (a, b, fork)}
     assert len(ids) == 3 and None not in ids
     before = snapshot(a)
     with pytest.raises(UserError, match="holds the checkpoints of another run"):
-        runner.train(None, [], a, str(fork / "last.pt"), "cpu")
+        verbs.train(None, [], a, str(fork / "last.pt"), "cpu")
     assert snapshot(a) == before
 
     backup = tmp_path / "backup.pt"  # a copy of a's own checkpoint, kept elsewhere, may go back
     shutil.copy(a / "last.pt", backup)
-    runner.train(None, ["train.max_steps=5"], a, str(backup), "cpu")
+    verbs.train(None, ["train.max_steps=5"], a, str(backup), "cpu")
     assert load_checkpoint(a / "last.pt")["step"] == 5
     assert load_checkpoint(a / "last.pt")["run_id"] == load_checkpoint(backup)["run_id"]
 
@@ -152,19 +156,19 @@ def test_resume_into_a_foreign_run_dir_is_refused_and_a_fork_gets_its_own_id(tra
     del legacy["run_id"]
     save_checkpoint({k: v for k, v in legacy.items() if k != "format"}, tmp_path / "legacy.pt")
     with pytest.raises(UserError, match="holds the checkpoints of another run"):
-        runner.train(None, [], a, str(tmp_path / "legacy.pt"), "cpu")
+        verbs.train(None, [], a, str(tmp_path / "legacy.pt"), "cpu")
 
 
 def test_without_run_dir_a_run_writes_to_runs_name(tmp_path, monkeypatch):
     cfg = write_config(tmp_path / "tiny.yaml", {"train": {"max_steps": 1, "eval_every": 1, "checkpoint_every": 1}})
     monkeypatch.chdir(tmp_path)
-    run_dir, _ = runner.train(cfg, [], None, None, "cpu")
+    run_dir, _ = verbs.train(cfg, [], None, None, "cpu")
     assert run_dir == Path("runs") / "tiny" and (tmp_path / "runs" / "tiny" / "last.pt").is_file()
 
 
 def test_resume_path_without_run_dir_writes_into_the_checkpoints_folder(trained, tmp_path, capsys):
     run = copy_run(trained, tmp_path / "run")
-    run_dir, _ = runner.train(None, ["train.max_steps=5"], None, str(run / "step_0000004.pt"), "cpu")
+    run_dir, _ = verbs.train(None, ["train.max_steps=5"], None, str(run / "step_0000004.pt"), "cpu")
     assert run_dir == run
     assert f"resuming {run} from step 4" in capsys.readouterr().out
     assert (run / "step_0000005.pt").is_file() and load_checkpoint(run / "last.pt")["step"] == 5
@@ -180,7 +184,7 @@ def test_resume_with_a_changed_key_is_refused_and_an_allowed_change_is_recorded(
     assert "model.depth (2 -> 3)" in line
     assert snapshot(run) == before
 
-    runner.train(None, ["train.max_steps=6", "train.keep_last=5"], run, "auto", "cpu")
+    verbs.train(None, ["train.max_steps=6", "train.keep_last=5"], run, "auto", "cpu")
     assert "changed: train.max_steps 4 -> 6; train.keep_last 3 -> 5" in capsys.readouterr().out
     state = load_checkpoint(run / "last.pt")
     recorded = yaml.safe_load((run / "config.yaml").read_text())
@@ -196,7 +200,7 @@ def test_resume_with_a_changed_key_is_refused_and_an_allowed_change_is_recorded(
 def test_a_corrupt_last_pt_falls_back_to_the_newest_good_step_file_with_one_warning(trained, tmp_path, capsys):
     run = copy_run(trained, tmp_path / "run")  # copytree: last.pt is its own file here, not a link
     (run / "last.pt").write_bytes((run / "last.pt").read_bytes()[:1000])  # truncated
-    runner.train(None, ["train.max_steps=5"], run, "auto", "cpu")
+    verbs.train(None, ["train.max_steps=5"], run, "auto", "cpu")
     out, err = capsys.readouterr()
     warning = one_line(err)
     assert warning.startswith("vitmask: warning: last.pt cannot be used") and "resuming from step_0000004.pt" in warning
@@ -217,7 +221,7 @@ def test_an_early_error_or_signal_leaves_no_files_that_block_the_run_dir(tmp_pat
     empty.mkdir()
     run = tmp_path / "runs" / "new"
     with pytest.raises(UserError, match="no PNG, JPEG or BMP files"):
-        runner.train(cfg, ["data.source=folder", f"data.path={empty}"], run, None, "cpu")
+        verbs.train(cfg, ["data.source=folder", f"data.path={empty}"], run, None, "cpu")
     assert not (tmp_path / "runs").exists()  # the folders it made are gone too
 
     def stopped(_cfg):
@@ -225,12 +229,12 @@ def test_an_early_error_or_signal_leaves_no_files_that_block_the_run_dir(tmp_pat
 
     existing = tmp_path / "existing"
     existing.mkdir()
-    monkeypatch.setattr(runner, "load_labelled_splits", stopped)
+    monkeypatch.setattr(verbs, "load_labelled_splits", stopped)
     with pytest.raises(Stopped):
-        runner.train(cfg, [], existing, None, "cpu")
+        verbs.train(cfg, [], existing, None, "cpu")
     assert existing.is_dir() and not list(existing.iterdir())
     monkeypatch.undo()
-    runner.train(cfg, [], existing, None, "cpu")  # the same command now just works
+    verbs.train(cfg, [], existing, None, "cpu")  # the same command now just works
     assert load_checkpoint(existing / "last.pt")["step"] == 4
 
 
@@ -240,7 +244,7 @@ def test_resume_auto_may_restart_over_the_leftovers_of_a_start_without_checkpoin
     (run / "config.yaml").write_text("seed: 0\n")
     (run / "events.out.tfevents.1.host.1.0").write_bytes(b"x")
     cfg = write_config(tmp_path / "c.yaml", SHORT)
-    runner.train(cfg, [], run, "auto", "cpu")
+    verbs.train(cfg, [], run, "auto", "cpu")
     assert load_checkpoint(run / "last.pt")["step"] == 4
     other = tmp_path / "other"
     other.mkdir()
@@ -293,11 +297,11 @@ def test_a_full_disk_during_training_names_the_intact_checkpoint_and_leaves_no_p
     cfg = write_config(tmp_path / "c.yaml", {**SHORT, "train": {**SHORT["train"], "max_steps": 8}})
     run = tmp_path / "run"
     probe = tmp_path / "probe"
-    runner.train(cfg, ["train.max_steps=2"], probe, None, "cpu")
+    verbs.train(cfg, ["train.max_steps=2"], probe, None, "cpu")
     per_file = (probe / "step_0000002.pt").stat().st_size  # every checkpoint file of this config is this big
     FullDisk(monkeypatch, budget=3 * per_file + per_file // 2, match=".pt")  # room for 3 of them
     with pytest.raises(UserError) as err:
-        runner.train(cfg, [], run, None, "cpu")
+        verbs.train(cfg, [], run, None, "cpu")
     kept = load_checkpoint(run / "last.pt")["step"]
     assert kept in (2, 4)  # best.pt takes one or two of the three
     msg = str(err.value)
@@ -306,7 +310,7 @@ def test_a_full_disk_during_training_names_the_intact_checkpoint_and_leaves_no_p
     assert f"vitmask train --run-dir {run} --resume auto" in msg
     assert not list(run.glob(".*tmp*")) and all(p.stat().st_size > 0 for p in run.iterdir() if p.is_file())
     monkeypatch.undo()  # room again: the printed command resumes it
-    runner.train(None, [], run, "auto", "cpu")
+    verbs.train(None, [], run, "auto", "cpu")
     assert load_checkpoint(run / "last.pt")["step"] == 8
 
 
@@ -315,16 +319,16 @@ def test_a_full_disk_for_tensorboard_or_before_the_first_checkpoint(tmp_path, mo
     FullDisk(monkeypatch, budget=0, match=".pt")
     run = tmp_path / "run"
     with pytest.raises(UserError, match="no checkpoint had been written yet, so the run left nothing behind"):
-        runner.train(cfg, [], run, None, "cpu")
+        verbs.train(cfg, [], run, None, "cpu")
     assert not run.exists()
     monkeypatch.undo()
 
     def full(self, metrics, step):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(runner.TensorBoardLogger, "log", full)
+    monkeypatch.setattr(verbs.TensorBoardLogger, "log", full)
     with pytest.raises(UserError, match="cannot write the TensorBoard event file .* the disk is full"):
-        runner.train(cfg, [], run, None, "cpu")
+        verbs.train(cfg, [], run, None, "cpu")
 
 
 # ---- non-finite checkpoints ------------------------------------------------------------------------
@@ -343,7 +347,7 @@ def test_a_checkpoint_with_non_finite_weights_is_never_written_and_never_read(tr
     line = user_error(capsys, "eval", "--checkpoint", tmp_path / "bad.pt")
     assert "holds NaN or inf values (model weight head.bias)" in line
     with pytest.raises(UserError, match="holds NaN or inf"):
-        runner.train(None, [], tmp_path / "r", str(tmp_path / "bad.pt"), "cpu")
+        verbs.train(None, [], tmp_path / "r", str(tmp_path / "bad.pt"), "cpu")
 
     moments = state["optimizer"]["state"][0]
     moments["exp_avg_sq"] = torch.full_like(moments["exp_avg_sq"], float("inf"))
@@ -365,7 +369,7 @@ def test_weights_gone_non_finite_after_a_finite_loss_stop_the_run_before_the_wri
 
     monkeypatch.setattr(torch.optim.Adam, "step", poisoned)
     with pytest.raises(UserError, match="holds NaN or inf values at step 5"):
-        runner.train(None, ["train.max_steps=5"], run, "auto", "cpu")
+        verbs.train(None, ["train.max_steps=5"], run, "auto", "cpu")
     after = snapshot(run)
     assert {k: v for k, v in after.items() if k.endswith(".pt")} == {
         k: v for k, v in before.items() if k.endswith(".pt")
@@ -393,7 +397,7 @@ def test_a_damaged_checkpoint_is_refused_on_resume_in_one_line(trained, tmp_path
     damage(state)
     save_checkpoint(state, tmp_path / "damaged.pt")
     with pytest.raises(UserError, match=needle):
-        runner.train(None, [], run, str(tmp_path / "damaged.pt"), "cpu")
+        verbs.train(None, [], run, str(tmp_path / "damaged.pt"), "cpu")
 
 
 def test_a_damaged_checkpoint_is_refused_by_eval_and_count_params(trained, tmp_path, capsys):
@@ -473,7 +477,7 @@ def test_an_allocation_no_estimate_foresaw_is_one_line(trained, capsys, monkeypa
     def too_big(*args, **kwargs):
         raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 128000000000 bytes.")
 
-    monkeypatch.setattr(runner, "evaluate_split", too_big)
+    monkeypatch.setattr(verbs, "evaluate_split", too_big)
     line = user_error(capsys, "eval", "--checkpoint", trained / "last.pt")
     assert f"out of memory while eval (one allocation of {128e9 / 2**30:,.1f} GiB)" in line
 
@@ -519,16 +523,16 @@ def test_a_config_that_cannot_fit_is_refused_before_anything_is_made_with_the_fi
 
 @pytest.mark.parametrize("slowdown, scores_bytes", [(0.5, 2), (95.0, 0)])
 def test_the_estimate_of_auto_precision_is_that_of_what_it_runs(monkeypatch, slowdown, scores_bytes):
-    from vitmask import runtime
+    from vitmask.runtime import process
 
     # auto on a CPU with bf16 instructions runs bf16, and CPU bf16 writes the (B, H, N, N) scores out
     # (2 bytes each); on one without, fp32 through SDPA, which writes none
-    monkeypatch.setattr(runtime, "cpu_bf16_slowdown", lambda: slowdown)
-    runtime.auto_precision.cache_clear()
+    monkeypatch.setattr(process, "cpu_bf16_slowdown", lambda: slowdown)
+    process.auto_precision.cache_clear()
     try:
         est = memory.estimate(config_from_dict(TINY, ["train.precision=auto", "data.batch_size=8"]))
     finally:
-        runtime.auto_precision.cache_clear()
+        process.auto_precision.cache_clear()
     n = (TINY["data"]["image_size"] // 2) ** 2
     assert est.parts[f"attention scores (B, H, N, N) = 8 x 2 x {n} x {n}"] == scores_bytes * 2 * 8 * 2 * n * n
 
@@ -601,7 +605,7 @@ def test_a_decompression_bomb_in_a_folder_is_skipped_as_a_bad_file(tmp_path, mon
     Image.new("L", (100, 100), 255).save(folder / "bomb.png")
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)
     cfg = config_from_dict(TINY, ["data.source=folder", f"data.path={folder}"])
-    from vitmask.data import load_splits
+    from vitmask.data.batches import load_splits
 
     splits = load_splits(cfg)
     assert sum(len(v) for v in splits.values()) == 20
@@ -637,7 +641,7 @@ def test_inpaint_refuses_a_bomb_and_writing_over_its_input(trained, tmp_path, ca
 # ---- data files not quite as expected ------------------------------------------------------------------
 def test_data_files_not_quite_as_expected_are_one_line(tmp_path):
     def load(**data):
-        from vitmask.data import load_splits
+        from vitmask.data.batches import load_splits
 
         return load_splits(config_from_dict(TINY, [f"data.{k}={v}" for k, v in data.items()]))
 
@@ -717,12 +721,12 @@ def test_a_full_disk_while_writing_an_out_file_leaves_the_old_file_whole(trained
 # ---- signals and usage -----------------------------------------------------------------------------------
 SLOW_DATA = """
 import sys, time
-from vitmask import runner
-from vitmask.entry import main
+from vitmask.cli import verbs
+from vitmask.cli.entry import main
 def slow(cfg):
     print("loading", flush=True)
     time.sleep(60)
-runner.load_labelled_splits = slow
+verbs.load_labelled_splits = slow
 sys.argv = ["vitmask", *sys.argv[1:]]
 main()
 """
@@ -750,15 +754,15 @@ def test_a_signal_at_start_up_or_during_data_loading_is_one_line_and_leaves_noth
 
 SLOW_EVAL = """
 import sys, time
-from vitmask import evaluate
-from vitmask.entry import main
-batches = evaluate.eval_batches
+from vitmask.evaluate import scores
+from vitmask.cli.entry import main
+batches = scores.eval_batches
 def slow(*args, **kwargs):  # the model takes a minute over each batch
     for batch in batches(*args, **kwargs):
         print("evaluating", flush=True)
         time.sleep(60)
         yield batch
-evaluate.eval_batches = slow
+scores.eval_batches = slow
 sys.argv = ["vitmask", *sys.argv[1:]]
 main()
 """
@@ -804,7 +808,7 @@ def test_a_closed_stdout_ends_eval_quietly_with_the_status_of_sigpipe(trained, t
 def test_a_closed_stdout_ends_every_verb_and_its_help_quietly(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(sys, "stderr", sys.stderr)  # put back after: the parser wraps both streams on EPIPE
     cfg = write_config(tmp_path / "c.yaml")
-    verbs = [c.name or c.callback.__name__ for c in cli.app.registered_commands]
+    verbs = [c.name or c.callback.__name__ for c in commands.app.registered_commands]
     for args in [["--help"], *([v, "--help"] for v in verbs), ["config", "--config", cfg], ["count-params", "-c", cfg]]:
         read, write = os.pipe()
         os.close(read)  # the reader is gone; line-buffered, so the first line fails inside the command
@@ -837,7 +841,7 @@ def test_paths_the_file_system_refuses_are_one_line(trained, tmp_path, capsys):
 def test_vitmask_without_a_command_names_the_commands(capsys):
     line = user_error(capsys)
     assert "no command given; use one of train, eval, " in line
-    assert all(f" {c.name or c.callback.__name__}" in line for c in cli.app.registered_commands)
+    assert all(f" {c.name or c.callback.__name__}" in line for c in commands.app.registered_commands)
 
 
 def test_a_closed_stdout_stops_training_like_a_signal_with_a_checkpoint(tmp_path, capsys, monkeypatch):

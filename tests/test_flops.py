@@ -1,4 +1,4 @@
-"""The analytic FLOP count (vitmask.flops) against torch's own FLOP counter, and for the encoder-decoder
+"""The analytic FLOP count (vitmask.model.flops) against torch's own FLOP counter, and for the encoder-decoder
 designs (model.decoder: self | cross) also against a count by hand."""
 
 import pytest
@@ -7,9 +7,9 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from tests.test_decoder import DESIGNS, decoder_config
 from vitmask.config import Config, DataConfig, MaskConfig, ModelConfig
-from vitmask.data import BatchSampler
-from vitmask.flops import forward_flops_per_image, train_flops_per_image
-from vitmask.model import build_model
+from vitmask.data.batches import BatchSampler
+from vitmask.model.flops import forward_flops_per_image, train_flops_per_image
+from vitmask.model.vit import build_model
 
 
 @pytest.mark.parametrize(

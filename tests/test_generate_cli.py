@@ -15,8 +15,8 @@ from PIL import Image
 
 from tests.conftest import assert_user_error, train_tiny
 from vitmask.config import load_config
-from vitmask.data import load_splits
-from vitmask.preprocess import binarize_images, load_image_file
+from vitmask.data.batches import load_splits
+from vitmask.data.preprocess import binarize_images, load_image_file
 
 
 @pytest.fixture

@@ -5,8 +5,9 @@ import torch
 import torch.nn.functional as F
 
 from vitmask.config import DataConfig
+from vitmask.data.patches import patches_to_classes, patchify
 from vitmask.errors import UserError
-from vitmask.inpaint import (
+from vitmask.generate.inpaint import (
     boxes_to_mask,
     check_patch_mask,
     fill_accuracy,
@@ -14,8 +15,7 @@ from vitmask.inpaint import (
     parse_box,
     pixels_to_patches,
 )
-from vitmask.patches import patches_to_classes, patchify
-from vitmask.sampling import DecodeOptions, decode_masked, unmask_counts
+from vitmask.generate.sampling import DecodeOptions, decode_masked, unmask_counts
 
 
 def fill(model, images, mask, patch_size, steps):

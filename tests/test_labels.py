@@ -17,9 +17,9 @@ from PIL import Image
 
 from tests.conftest import MNIST_DIR, TINY
 from tests.test_sources import numbered_images, write_idx
-from vitmask import shapes
 from vitmask.config import config_from_dict
-from vitmask.data import load_labelled_splits, load_splits
+from vitmask.data import shapes
+from vitmask.data.batches import load_labelled_splits, load_splits
 
 
 def cfg_for(source: str, path, **data):

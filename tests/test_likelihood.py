@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from tests.test_sampling import ExactJoint, a_joint, tiny_vit
+from vitmask.data.patches import patches_to_classes, patchify
 from vitmask.errors import UserError
-from vitmask.likelihood import (
+from vitmask.evaluate.likelihood import (
     bernoulli_nll,
     check_nll_args,
     enumerated_bound,
@@ -19,7 +20,6 @@ from vitmask.likelihood import (
     order_nll,
     strata_edges,
 )
-from vitmask.patches import patches_to_classes, patchify
 
 
 def four_patch_model():

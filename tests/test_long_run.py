@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 import torch
 
-from vitmask.checkpoint import load_checkpoint
 from vitmask.config import load_config
-from vitmask.data import load_splits
+from vitmask.data.batches import load_splits
 from vitmask.errors import UserError
-from vitmask.metrics_log import TensorBoardLogger
-from vitmask.train import Trainer
+from vitmask.runs.checkpoint import load_checkpoint
+from vitmask.train.loggers import TensorBoardLogger
+from vitmask.train.trainer import Trainer
 
 from .conftest import ROOT, run_cli, write_config
 
@@ -134,12 +134,12 @@ def test_a_signal_finishes_the_step_writes_a_checkpoint_and_says_how_to_resume(t
 
 SLOW_SAVE = """
 import os, sys, time
-from vitmask import cli
+from vitmask.cli import commands
 def stuck_fsync(fd):
     print("saving", flush=True)
     time.sleep(120)
 os.fsync = stuck_fsync  # every checkpoint write now hangs after writing its temp file, before os.replace
-cli.main(sys.argv[1:])
+commands.main(sys.argv[1:])
 """
 
 

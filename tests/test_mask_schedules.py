@@ -9,10 +9,10 @@ import torch
 
 from tests.conftest import TINY, RecordingLogger
 from vitmask.config import config_from_dict
-from vitmask.data import BatchSampler, eval_batches
+from vitmask.data.batches import BatchSampler, eval_batches
+from vitmask.data.masking import centre_box_mask, draw_num_masked, mixed_mask, num_masked
 from vitmask.errors import UserError
-from vitmask.masking import centre_box_mask, draw_num_masked, mixed_mask, num_masked
-from vitmask.train import Trainer
+from vitmask.train.trainer import Trainer
 
 KS_001 = 1.63  # Kolmogorov-Smirnov: sqrt(n) * max |ECDF - CDF| exceeds this with probability 0.01
 CHI2_14_DF_0001 = 36.12  # chi-square, 14 degrees of freedom, upper 0.001 tail (standard table)

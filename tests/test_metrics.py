@@ -8,12 +8,12 @@ import torch
 import torch.nn.functional as F
 
 from vitmask.config import config_from_dict
-from vitmask.data import eval_batches
-from vitmask.evaluate import evaluate
-from vitmask.inpaint import fill_accuracy
-from vitmask.metrics import MaskedPatchMetrics
-from vitmask.patches import patches_to_classes, patchify
-from vitmask.shapes import make_splits
+from vitmask.data.batches import eval_batches
+from vitmask.data.patches import patches_to_classes, patchify
+from vitmask.data.shapes import make_splits
+from vitmask.evaluate.metrics import MaskedPatchMetrics
+from vitmask.evaluate.scores import evaluate
+from vitmask.generate.inpaint import fill_accuracy
 
 # Two batches of masked patches (2x2 patches: class 8a + 4b + 2c + d for pixels [[a, b], [c, d]]).
 PRED_1, TRUE_1 = [[0, 1, 3, 4]], [[0, 0, 3, 5]]

@@ -9,7 +9,7 @@ from torch import nn
 
 from tests.conftest import ROOT
 from vitmask.config import Config, ModelConfig, config_from_dict, load_config
-from vitmask.model import Attention, Block, FeedForward, MaskedPatchViT, build_model, merge_heads, split_heads
+from vitmask.model.vit import Attention, Block, FeedForward, MaskedPatchViT, build_model, merge_heads, split_heads
 
 
 def test_ffn_matches_seed_000_forward_and_backward():

@@ -7,9 +7,9 @@ import torch
 from torch import nn
 
 from vitmask.config import config_from_dict
-from vitmask.data import load_splits
-from vitmask.optim import MuonAdamW, lr_factor, param_groups
-from vitmask.train import Trainer
+from vitmask.data.batches import load_splits
+from vitmask.train.optim import MuonAdamW, lr_factor, param_groups
+from vitmask.train.trainer import Trainer
 
 from .conftest import TINY, RecordingLogger
 
@@ -179,11 +179,11 @@ def test_bf16_autocast_runs_the_forward_in_bf16_and_keeps_fp32_weights():
 
 @pytest.mark.parametrize("slowdown, dtype", [(0.5, torch.bfloat16), (95.0, torch.float32)])
 def test_auto_precision_trains_in_bf16_only_where_the_cpu_runs_it_natively(monkeypatch, capsys, slowdown, dtype):
-    from vitmask import runtime
+    from vitmask.runtime import process
 
     # 0.5: a CPU with AVX512_BF16 or AMX (a bf16 matmul takes half the fp32 time); 95: an AVX2-only one
-    monkeypatch.setattr(runtime, "cpu_bf16_slowdown", lambda: slowdown)
-    runtime.auto_precision.cache_clear()
+    monkeypatch.setattr(process, "cpu_bf16_slowdown", lambda: slowdown)
+    process.auto_precision.cache_clear()
     try:
         cfg = tiny(precision="auto")
         trainer = Trainer(cfg, load_splits(cfg), torch.device("cpu"))
@@ -197,7 +197,7 @@ def test_auto_precision_trains_in_bf16_only_where_the_cpu_runs_it_natively(monke
         assert all(p.dtype == torch.float32 for p in trainer.model.parameters())
         assert trainer.cfg.train.precision == "auto"  # the config keeps what was asked for
     finally:
-        runtime.auto_precision.cache_clear()
+        process.auto_precision.cache_clear()
 
 
 def test_compiled_and_plain_models_share_checkpoints():
@@ -224,8 +224,8 @@ def test_a_compiled_step_is_traced_once_for_every_masked_count(monkeypatch, sche
     fixed ratio keeps torch's default (a static graph first, then a dynamic one when M changes)."""
     from torch._dynamo.testing import CompileCounter
 
-    from vitmask.data import make_batch
-    from vitmask.masking import random_mask
+    from vitmask.data.batches import make_batch
+    from vitmask.data.masking import random_mask
 
     counter, real_compile = CompileCounter(), torch.compile
     monkeypatch.setattr(torch, "compile", lambda net: real_compile(net, backend=counter))
@@ -242,7 +242,7 @@ def test_a_compiled_step_is_traced_once_for_every_masked_count(monkeypatch, sche
 
 def test_optimizer_is_fused_on_cuda_only():
     from vitmask.config import TrainConfig
-    from vitmask.optim import build_optimizer
+    from vitmask.train.optim import build_optimizer
 
     model = torch.nn.Linear(4, 4)
     assert not build_optimizer(model, TrainConfig()).defaults.get("fused")

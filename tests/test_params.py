@@ -8,10 +8,10 @@ from tests.conftest import assert_user_error, write_config
 from tests.test_decoder import DESIGNS, decoder_config
 from tests.test_sources import run_inproc
 from vitmask.config import Config, ModelConfig, config_from_dict, load_config
-from vitmask.data import load_splits
-from vitmask.model import build_model
-from vitmask.params import format_table, param_rows
-from vitmask.train import Trainer
+from vitmask.data.batches import load_splits
+from vitmask.model.params import format_table, param_rows
+from vitmask.model.vit import build_model
+from vitmask.train.trainer import Trainer
 
 
 def test_table_rows_and_total_by_hand():

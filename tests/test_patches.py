@@ -3,7 +3,7 @@ patch (first pixel most significant), class labels and patch masks as pixel mask
 
 import torch
 
-from vitmask.patches import (
+from vitmask.data.patches import (
     classes_to_patches,
     patch_label,
     patch_mask_to_pixels,

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from vitmask.config import DataConfig
+from vitmask.data.preprocess import binarize_images, fit_images, load_image_file
 from vitmask.errors import UserError
-from vitmask.preprocess import binarize_images, fit_images, load_image_file
 
 
 def test_pad_centres_small_images_and_crop_centres_large_ones():

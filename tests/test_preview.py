@@ -8,8 +8,8 @@ from PIL import Image
 from tests.conftest import MNIST_DIR, ROOT, TINY, assert_user_error, write_config
 from tests.test_sources import run_inproc
 from vitmask.config import config_from_dict, load_config
-from vitmask.data import eval_batches, load_splits
-from vitmask.preview import dataset_stats, format_stats, preview_grid
+from vitmask.data.batches import eval_batches, load_splits
+from vitmask.data.preview import dataset_stats, format_stats, preview_grid
 
 
 def test_preview_writes_the_grid_and_prints_statistics(tmp_path, capsys):

@@ -14,13 +14,13 @@ import torch
 
 from tests.conftest import TINY, RecordingLogger, assert_user_error, train_tiny, write_config
 from tests.test_sources import numbered_images
-from vitmask import probe
-from vitmask.checkpoint import load_checkpoint, load_model, save_checkpoint
 from vitmask.config import config_from_dict
-from vitmask.data import LabelledSplits, load_labelled_splits
+from vitmask.data.batches import LabelledSplits, load_labelled_splits
+from vitmask.data.patches import patchify
 from vitmask.errors import UserError
-from vitmask.patches import patchify
-from vitmask.train import Trainer
+from vitmask.evaluate import probe
+from vitmask.runs.checkpoint import load_checkpoint, load_model, save_checkpoint
+from vitmask.train.trainer import Trainer
 
 CPU = torch.device("cpu")
 
@@ -183,7 +183,7 @@ def test_probe_bad_k_one_class_and_split_are_user_errors(ckpt):
     with pytest.raises(UserError, match=r"the first 1 train images hold class \d only.*raise train.probe_train_images"):
         probe.online_probe(few, data, CPU)
     with pytest.raises(UserError, match="unknown split 'train' for probe; use val or test"):
-        from vitmask.runner import probe_checkpoint
+        from vitmask.cli.verbs import probe_checkpoint
 
         probe_checkpoint(ckpt, "train", None, 20, 0, "cpu")
     assert probe.run_probes(model, cfg, data, "val", layer=0, k=508)["images"] == {"train": 508, "val": 64}

@@ -13,9 +13,9 @@ from PIL import Image
 
 from tests.conftest import write_config
 from vitmask.config import config_from_dict, load_config
-from vitmask.data import eval_batches, load_splits
-from vitmask.render import paste_predictions, reconstruction_grid
-from vitmask.train import Trainer
+from vitmask.data.batches import eval_batches, load_splits
+from vitmask.evaluate.pictures import paste_predictions, reconstruction_grid
+from vitmask.train.trainer import Trainer
 
 RED = (1.0, 0.1, 0.1)
 ORANGE = (1.0, 0.6, 0.0)

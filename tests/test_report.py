@@ -3,9 +3,9 @@
 import torch
 
 from tests.conftest import RecordingLogger
-from vitmask import report
 from vitmask.config import config_from_dict
-from vitmask.report import Reporter
+from vitmask.train import report
+from vitmask.train.report import Reporter
 
 CFG = config_from_dict({"seed": 3, "train": {"max_steps": 100, "lr": 1e-3}, "mask": {"ratio": 0.4}})
 WINDOW = {"loss": 1.234567, "acc": 0.5, "acc_nonempty": 0.25, "bit_acc": 0.75, "masked_patches": 8}

@@ -1,4 +1,4 @@
-"""runtime.keep_freed_memory: glibc keeps freed blocks, so repeated large allocations stop
+"""process.keep_freed_memory: glibc keeps freed blocks, so repeated large allocations stop
 page-faulting; a user's own allocator settings are left alone. Each case runs in a fresh process,
 since the setting is process-wide."""
 
@@ -16,7 +16,7 @@ from tests.conftest import ROOT
 PROBE = textwrap.dedent(
     """
     import resource, sys, torch
-    from vitmask.runtime import keep_freed_memory
+    from vitmask.runtime.process import keep_freed_memory
     applied = keep_freed_memory() if sys.argv[1] == "tuned" else False
     def faults():
         return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -59,15 +59,15 @@ def test_a_users_allocator_setting_is_left_alone(env):
 def test_bf16_on_a_cpu_that_emulates_it_warns_once(monkeypatch, capsys):
     import torch
 
-    from vitmask import runtime
+    from vitmask.runtime import process
 
     cpu = torch.device("cpu")
-    monkeypatch.setattr(runtime, "cpu_bf16_slowdown", lambda: 95.0)  # an AVX2-only host: bf16 emulated
-    runtime.check_precision("bf16", cpu)
+    monkeypatch.setattr(process, "cpu_bf16_slowdown", lambda: 95.0)  # an AVX2-only host: bf16 emulated
+    process.check_precision("bf16", cpu)
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 1 and "95x slower than fp32" in lines[0] and "--set train.precision=fp32" in lines[0]
-    runtime.check_precision("fp32", cpu)  # fp32 asked for: nothing to say
+    process.check_precision("fp32", cpu)  # fp32 asked for: nothing to say
     assert capsys.readouterr().err == ""
-    monkeypatch.setattr(runtime, "cpu_bf16_slowdown", lambda: 0.5)  # AVX512_BF16 or AMX: bf16 the faster
-    runtime.check_precision("bf16", cpu)
+    monkeypatch.setattr(process, "cpu_bf16_slowdown", lambda: 0.5)  # AVX512_BF16 or AMX: bf16 the faster
+    process.check_precision("bf16", cpu)
     assert capsys.readouterr().err == ""

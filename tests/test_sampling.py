@@ -14,11 +14,11 @@ import torch.nn.functional as F
 
 from tests.conftest import TINY
 from vitmask.config import config_from_dict
+from vitmask.data.masking import random_mask
+from vitmask.data.patches import patches_to_classes, patchify, unpatchify
 from vitmask.errors import UserError
-from vitmask.masking import random_mask
-from vitmask.model import build_model
-from vitmask.patches import patches_to_classes, patchify, unpatchify
-from vitmask.sampling import DecodeOptions, decode_masked, predict_every_patch, sample_images, unmask_schedule
+from vitmask.generate.sampling import DecodeOptions, decode_masked, predict_every_patch, sample_images, unmask_schedule
+from vitmask.model.vit import build_model
 
 CHI2_15_DF_0001 = 37.70
 

@@ -1,6 +1,6 @@
 import torch
 
-from vitmask import shapes
+from vitmask.data import shapes
 
 
 def test_shapes_are_binary_deterministic_and_varied():

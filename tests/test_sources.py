@@ -12,12 +12,12 @@ import torch
 from PIL import Image
 
 from tests.conftest import MNIST_DIR, TINY, assert_user_error
-from vitmask.cli import main
+from vitmask.cli.commands import main
 from vitmask.config import DataConfig, config_from_dict
-from vitmask.data import load_splits
+from vitmask.data.batches import load_splits
+from vitmask.data.preprocess import binarize_list, to_gray_uint8
+from vitmask.data.sources import split_fractions
 from vitmask.errors import UserError
-from vitmask.preprocess import binarize_list, to_gray_uint8
-from vitmask.sources import split_fractions
 
 
 def cfg_for(source: str, path, **data):

@@ -3,12 +3,12 @@
 import pytest
 import torch
 
-from vitmask import distributed, runtime
-from vitmask.checkpoint import load_checkpoint
 from vitmask.config import config_from_dict
-from vitmask.distributed import World
 from vitmask.errors import UserError
-from vitmask.train import Trainer
+from vitmask.runs.checkpoint import load_checkpoint
+from vitmask.runtime import distributed, process
+from vitmask.runtime.distributed import World
+from vitmask.train.trainer import Trainer
 
 from .conftest import TINY, assert_user_error, run_cli, write_config
 
@@ -78,7 +78,7 @@ def test_batch_size_must_be_divisible_by_processes_times_accum_steps(processes, 
     cfg = config_from_dict(TINY, ["data.batch_size=12", f"train.accum_steps={accum}"])
     world = World(rank=0, local_rank=0, size=processes)
     if divisible:
-        runtime.prepare_process(cfg, torch.device("cpu"), world)  # the trainer's checks pass
+        process.prepare_process(cfg, torch.device("cpu"), world)  # the trainer's checks pass
         return
     images = torch.zeros(16, 16, 16, dtype=torch.uint8)
     with pytest.raises(UserError) as e:

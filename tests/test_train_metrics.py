@@ -8,8 +8,8 @@ import torch
 
 from tests.conftest import RecordingLogger
 from vitmask.config import config_from_dict
-from vitmask.data import Batch
-from vitmask.train import Trainer
+from vitmask.data.batches import Batch
+from vitmask.train.trainer import Trainer
 
 CFG = config_from_dict(
     {

@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from tests.conftest import TINY
-from vitmask.checkpoint import load_checkpoint
 from vitmask.config import config_from_dict
-from vitmask.data import load_splits
-from vitmask.train import Trainer
+from vitmask.data.batches import load_splits
+from vitmask.runs.checkpoint import load_checkpoint
+from vitmask.train.trainer import Trainer
 
 STEPS_BEFORE, STEPS_AFTER = 3, 3
 

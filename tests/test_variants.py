@@ -10,7 +10,7 @@ import torch
 from tests.conftest import assert_user_error, run_cli
 from vitmask.config import ModelConfig, config_from_dict
 from vitmask.errors import UserError
-from vitmask.model import (
+from vitmask.model.vit import (
     Attention,
     Block,
     FeedForward,

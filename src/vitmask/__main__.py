@@ -1,3 +1,3 @@
-from vitmask.entry import main
+from vitmask.cli.entry import main
 
 main()

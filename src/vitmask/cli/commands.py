@@ -1,0 +1,362 @@
+"""The `vitmask` command line: parse, call the library, render results and errors.
+
+Bad input (a `UserError`, or a usage error from the parser, or no command at all) ends in one
+line on stderr and exit code 2. Training stopped by SIGINT or SIGTERM says where its checkpoint is
+and exits 130 or 143; a signal at any other moment (start-up, data loading, evaluation) ends in one
+line and the same codes, after the clean-up of `finally` blocks (`errors.Stopped`). A closed
+stdout (`vitmask eval | head -1`, `--help` too) ends quietly with exit code 141, what a shell
+reports for a writer stopped by SIGPIPE; a path the file system refuses in a way no check
+foresaw (too long, a symlink loop, an I/O error) ends in one line naming it. Anything else is a
+bug and keeps its traceback.
+"""
+
+import contextlib
+import json
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+import typer
+
+try:  # typer < 0.20 depends on click; newer releases vendor it
+    from click.exceptions import UsageError
+except ImportError:  # pragma: no cover - depends on the installed typer
+    from typer._click.exceptions import UsageError
+
+from vitmask import outputs
+from vitmask.cli import entry, verbs
+from vitmask.config import dump_config
+from vitmask.errors import Stopped, UserError
+from vitmask.outputs import reason
+from vitmask.runtime.memory import is_out_of_memory, out_of_memory
+from vitmask.signals import Interrupted
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Train and evaluate masked-patch vision transformers on binary images.",
+)
+
+ConfigOpt = typer.Option(None, "--config", "-c", help="YAML config file, e.g. configs/default.yaml.")
+SetOpt = typer.Option([], "--set", help="Override a config key, e.g. --set train.lr=3e-4 (repeatable; applied last).")
+DeviceOpt = typer.Option("auto", "--device", help="auto | cpu | cuda (auto picks cuda when available).")
+OrderOpt = typer.Option(
+    "confidence",
+    "--order",
+    help="Which patches a round keeps: confidence (the most probable first, MaskGIT) | random (random order).",
+)
+TEMPERATURE_HELP = "0: each patch's most likely class; T > 0: a draw from softmax(logits / T)."
+ChoiceOpt = typer.Option(
+    0.0,
+    "--choice-temperature",
+    help="confidence order: Gumbel noise on the ranking, annealed to 0 by the last round (MaskGIT: 4.5; 0 = none).",
+)
+
+
+@app.command()
+def train(
+    config: Path = ConfigOpt,
+    overrides: list[str] = SetOpt,
+    run_dir: Path = typer.Option(None, "--run-dir", help="Where the run writes; default runs/<config name>."),
+    resume: str = typer.Option(
+        None,
+        "--resume",
+        help="A checkpoint to continue from, or 'auto': the run dir's newest checkpoint, or a fresh start if none.",
+    ),
+    device: str = DeviceOpt,
+) -> None:
+    """Train a model; checkpoints, config.yaml and TensorBoard events go to the run dir.
+
+    Under torchrun (`torchrun --nproc_per_node=N -m vitmask train ...`) it trains data-parallel.
+    SIGINT/SIGTERM finish the current step, write a checkpoint and exit 130/143.
+    """
+    run_dir, val = verbs.train(config, overrides, run_dir, resume, device)
+    if os.environ.get("RANK", "0") != "0":
+        return
+    print(f"done: {run_dir}/last.pt  val acc {val.get('acc', float('nan')):.4f}")
+    print(f"evaluate it with: vitmask eval --checkpoint {run_dir}/last.pt --split test")
+
+
+@app.command("eval")
+def eval_(
+    checkpoint: Path = typer.Option(..., "--checkpoint", help="A .pt checkpoint written by vitmask train."),
+    split: str = typer.Option("val", "--split", help="val | test"),
+    mask_ratio: list[float] = typer.Option(
+        [], "--mask-ratio", help="Share of patches masked (repeatable, e.g. 0.25 0.5 0.75); default the config's."
+    ),
+    seed: int = typer.Option(
+        0, "--seed", help="Seed of the evaluation masks and --nll draws: the same seed gives the same numbers."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print the same numbers as one JSON object."),
+    strategy: str = typer.Option(
+        None, "--strategy", help="random | block: the masks at each --mask-ratio; default the config's (mixed: random)."
+    ),
+    centre_box: bool = typer.Option(
+        False,
+        "--centre-box",
+        help="Also score the centre box: the central square of patches, half the grid's side (one more where "
+        "that could not sit exactly in the middle).",
+    ),
+    nll: bool = typer.Option(
+        False,
+        "--nll",
+        help="Also report an upper bound on each image's negative log-likelihood (nats per image, bits per pixel) "
+        "beside a per-pixel Bernoulli fitted on the train split and 1 bit per pixel.",
+    ),
+    nll_strata: int = typer.Option(16, "--nll-strata", help="--nll: strata of the hidden-patch count."),
+    nll_samples: int = typer.Option(
+        2, "--nll-samples", help="--nll: draws per stratum and image (at least 2, for the standard error)."
+    ),
+    device: str = DeviceOpt,
+) -> None:
+    """Score a checkpoint on masked patches beside three baselines on the same masks: the majority
+    class, the per-position majority and an 8-neighbour lookup table learned from the train split.
+    With --nll, also an upper bound on each image's negative log-likelihood."""
+    from vitmask.evaluate.likelihood import format_nll
+    from vitmask.evaluate.scores import format_report
+
+    report = verbs.evaluate_checkpoint(
+        checkpoint, split, mask_ratio, device, seed, strategy, centre_box, nll, nll_strata, nll_samples
+    )
+    if as_json:
+        print(json.dumps(report))
+        return
+    print(format_report(report))
+    if "nll" in report:
+        print("\n" + format_nll(report["nll"]))
+
+
+@app.command()
+def probe(
+    checkpoint: Path = typer.Option(..., "--checkpoint", help="A .pt checkpoint written by vitmask train."),
+    split: str = typer.Option("test", "--split", help="val | test: where the probes are scored."),
+    layer: list[int] = typer.Option(
+        [],
+        "--layer",
+        help="Features from block K's output (1..depth; 0: the embedded patches); default the final normalised "
+        "tokens. Repeat it (--layer 2 --layer 4) to concatenate several blocks' features.",
+    ),
+    pool: str = typer.Option(
+        "mean", "--pool", help="mean | grid: the mean of all tokens, or of each cell of a --grid, concatenated."
+    ),
+    grid: int = typer.Option(
+        None, "--grid", help="--pool grid: G cells a side, 1 to the patches a side (default 4): G*G*D features."
+    ),
+    k: int = typer.Option(20, "--k", help="Neighbours that vote in the k-NN probe."),
+    seed: int = typer.Option(
+        0, "--seed", help="Seed of the random-weights floor: the same seed gives the same numbers."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print the same numbers as one JSON object."),
+    device: str = DeviceOpt,
+) -> None:
+    """Linear and k-NN probes on the labels: fitted on train, scored on --split, beside raw pixels,
+    random weights and the majority class."""
+    from vitmask.evaluate.probe import format_report
+
+    layers = layer[0] if len(layer) == 1 else (layer or None)
+    report = verbs.probe_checkpoint(checkpoint, split, layers, k, seed, device, pool, grid)
+    print(json.dumps(report) if as_json else format_report(report))
+
+
+@app.command()
+def reconstruct(
+    checkpoint: Path = typer.Option(..., "--checkpoint", help="A .pt checkpoint written by vitmask train."),
+    out: Path = typer.Option(..., "--out", help="The PNG to write, e.g. recon.png."),
+    n: int = typer.Option(16, "--n", help="Images in the grid (one column each)."),
+    mask_ratio: float = typer.Option(None, "--mask-ratio", help="Share of patches masked; default the config's."),
+    split: str = typer.Option("test", "--split", help="train | val | test"),
+    seed: int = typer.Option(0, "--seed", help="Seed of the masks."),
+    device: str = DeviceOpt,
+) -> None:
+    """Write a PNG grid: original, masked input, prediction (visible patches kept), errors in colour
+    (red: a missing pixel, orange: a spurious one, blue tint: masked). TensorBoard shows the same."""
+    print(f"wrote {verbs.reconstruct(checkpoint, out, n, mask_ratio, split, seed, device)}")
+
+
+@app.command()
+def inpaint(
+    checkpoint: Path = typer.Option(..., "--checkpoint", help="A .pt checkpoint written by vitmask train."),
+    image: Path = typer.Option(..., "--image", help="Your image (PNG, JPEG, BMP); preprocessed as in training."),
+    box: list[str] = typer.Option(
+        [],
+        "--box",
+        help="x0,y0,x1,y1 in pixels of the preprocessed (image_size x image_size) image; x1, y1 exclusive. "
+        "Every patch the box touches is filled (repeatable).",
+    ),
+    mask: Path = typer.Option(
+        None, "--mask", help="A mask image the size of --image; patches under its white pixels are filled."
+    ),
+    out: Path = typer.Option(..., "--out", help="The PNG to write: the preprocessed image with the fill."),
+    iterative: bool = typer.Option(
+        False, "--iterative", help="Fill the most confident patches first and re-predict the rest (MaskGIT-style)."
+    ),
+    steps: int = typer.Option(8, "--steps", help="Rounds of --iterative filling."),
+    temperature: float = typer.Option(0.0, "--temperature", help=TEMPERATURE_HELP),
+    seed: int = typer.Option(0, "--seed", help="Seed of the draws (temperature, random order, choice noise)."),
+    samples: int = typer.Option(
+        1, "--samples", help="Completions to draw; more than 1 writes a grid: the input, then each completion."
+    ),
+    order: str = OrderOpt,
+    choice_temperature: float = ChoiceOpt,
+    device: str = DeviceOpt,
+) -> None:
+    """Fill part of your own image: with the model's most likely patches (--temperature 0), or with
+    patches drawn from its predictions, one or several (--samples) completions."""
+    r = verbs.inpaint(
+        checkpoint,
+        image,
+        box,
+        mask,
+        out,
+        iterative,
+        steps,
+        device,
+        temperature,
+        seed,
+        samples,
+        order,
+        choice_temperature,
+    )
+    size = r["image_size"]
+    what = f"{size}x{size}" if r["samples"] == 1 else f"the input and {r['samples']} completions"
+    print(f"filled {r['filled_patches']} of {r['patches']} patches; wrote {r['out']} ({what})")
+
+
+@app.command()
+def sample(
+    checkpoint: Path = typer.Option(..., "--checkpoint", help="A .pt checkpoint written by vitmask train."),
+    out: Path = typer.Option(..., "--out", help="The PNG grid to write, e.g. samples.png."),
+    n: int = typer.Option(64, "--n", help="Images to generate."),
+    steps: int = typer.Option(64, "--steps", help="Rounds of decoding (at most one per patch: N is exact sampling)."),
+    temperature: float = typer.Option(1.0, "--temperature", help=TEMPERATURE_HELP),
+    seed: int = typer.Option(0, "--seed", help="Seed of the draws: the same seed gives the same images."),
+    order: str = typer.Option(
+        "random",
+        "--order",
+        help="Which patches a round keeps: random (the any-order sampler the model was trained as; the default"
+        " here) | confidence (the most probable first, MaskGIT).",
+    ),
+    choice_temperature: float = ChoiceOpt,
+    device: str = DeviceOpt,
+) -> None:
+    """Generate new images: start from a canvas with every patch masked and decode it over --steps
+    rounds (MaskGIT's cosine schedule), keeping patches in random order by default; write one PNG grid."""
+    r = verbs.sample(checkpoint, out, n, steps, temperature, seed, device, order, choice_temperature)
+    print(f"wrote {r['out']}: {r['n']} images of {r['image_size']}x{r['image_size']}")
+
+
+@app.command("count-params")
+def count_params(
+    config: Path = ConfigOpt,
+    checkpoint: Path = typer.Option(None, "--checkpoint", help="Count the model of a checkpoint instead."),
+    overrides: list[str] = SetOpt,
+) -> None:
+    """Print one row per parameter tensor, then the total (with a decoder, the encoder's and the decoder's first)."""
+    from vitmask.model.params import format_table
+
+    print(format_table(verbs.count_params(config, checkpoint, overrides)))
+
+
+@app.command("config")
+def config_cmd(config: Path = ConfigOpt, overrides: list[str] = SetOpt) -> None:
+    """Print the resolved config (file plus --set overrides) as YAML."""
+    print(dump_config(verbs.resolve_config(config, overrides)), end="")
+
+
+@app.command()
+def preview(
+    config: Path = ConfigOpt,
+    overrides: list[str] = SetOpt,
+    out: Path = typer.Option(Path("preview.png"), "--out", help="The PNG grid to write."),
+    count: int = typer.Option(16, "--count", help="Training images in the grid."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the sample and its masks."),
+) -> None:
+    """Write a PNG grid of sample images with their masks, and print the dataset's statistics."""
+    print(verbs.preview(config, overrides, out, count, seed))
+    print(f"wrote {out}")
+
+
+def _stop(signum, frame):
+    raise Stopped(signum)
+
+
+@contextlib.contextmanager
+def _signals_raise_stopped():
+    """SIGINT and SIGTERM raise `Stopped` (the training loop installs its own handler meanwhile)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = {s: signal.signal(s, _stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():  # in the `vitmask` process the command is over: ignore (see entry.py)
+            signal.signal(s, signal.SIG_IGN if h is entry.early_stop else h)
+
+
+def _flush_stdout() -> None:
+    """Flush what the command printed now, so a full disk or closed pipe behind stdout is one line
+    here rather than a message from the interpreter's shut-down."""
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as e:
+        outputs.mute_stdout()
+        raise UserError(f"cannot write the output to stdout: {reason(e)}") from None
+
+
+def _run_app(args: list[str]):
+    """The parser and the command. A write to a closed stdout inside them (a command's print, `--help`)
+    is a `BrokenPipeError` here, as it is in `_flush_stdout`, not the parser's own answer to it (exit 1)."""
+    try:
+        return app(args=args, prog_name="vitmask", standalone_mode=False)
+    except SystemExit as e:
+        if isinstance(e.__context__, BrokenPipeError):  # click: `except OSError (EPIPE): sys.exit(1)`
+            raise e.__context__ from None
+        raise
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else list(argv)
+    for stream in (sys.stdout, sys.stderr):  # a path with undecodable bytes must not crash a print
+        with contextlib.suppress(AttributeError, ValueError):
+            stream.reconfigure(errors="backslashreplace")
+    try:
+        with _signals_raise_stopped():
+            if not args:
+                names = ", ".join(c.name or c.callback.__name__ for c in app.registered_commands)
+                raise UsageError(f"no command given; use one of {names}")
+            rv = _run_app(args)
+            _flush_stdout()
+    except UsageError as e:
+        cmd = e.ctx.command_path if e.ctx is not None else "vitmask"
+        message = e.format_message().strip() or "bad usage"
+        print(f"{cmd}: error: {' '.join(message.split())} (see '{cmd} --help')", file=sys.stderr)
+        sys.exit(2)
+    except UserError as e:
+        print(f"vitmask: error: {' '.join(str(e).split())}", file=sys.stderr)
+        sys.exit(2)
+    except Interrupted as e:  # SIGINT / SIGTERM during training, after its checkpoint was written
+        print(f"vitmask: {e}", file=sys.stderr)
+        sys.exit(e.code)
+    except (Stopped, KeyboardInterrupt) as e:  # a signal outside the training loop
+        stop = e if isinstance(e, Stopped) else Stopped(signal.SIGINT)
+        print(f"vitmask: stopped by {stop.name} before it finished; no partial output was left", file=sys.stderr)
+        sys.exit(stop.code)
+    except BrokenPipeError:  # stdout closed by the reader: nothing more to say to it
+        outputs.mute_stdout()
+        sys.exit(128 + signal.SIGPIPE)
+    except (RuntimeError, MemoryError) as e:  # an allocation no estimate foresaw (a size asked for on the command line)
+        if not is_out_of_memory(e):
+            raise
+        print(f"vitmask: error: {out_of_memory(e, None, ' '.join(args[:1]) or 'vitmask')}", file=sys.stderr)
+        sys.exit(2)
+    except OSError as e:  # the file system refused a path no check above foresaw (too long, a loop, I/O error)
+        what = f"{e.filename}: " if e.filename else ""
+        print(f"vitmask: error: {what}{reason(e)}; check the path and the file system", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(rv if isinstance(rv, int) else 0)

@@ -1,0 +1,378 @@
+"""What each CLI command does, as plain functions: run dirs, resuming, evaluating a checkpoint,
+reconstructions, inpainting and sampling.
+
+The CLI only parses arguments and renders results and errors; everything here is callable from
+Python and raises `UserError` for bad input.
+"""
+
+import contextlib
+import dataclasses
+import math
+from pathlib import Path
+
+import torch
+
+from vitmask.config import Config, check_seed, config_from_dict, dump_config, load_config
+from vitmask.data.batches import SPLITS, eval_batches, load_labelled_splits, load_splits
+from vitmask.data.masking import centre_box_mask
+from vitmask.data.preprocess import binarize_images, load_image_file
+from vitmask.errors import UserError
+from vitmask.evaluate.likelihood import check_nll_args, nll_report
+from vitmask.evaluate.pictures import image_grid, paste_predictions, reconstruction_grid, save_binary_image, save_grid
+from vitmask.evaluate.probe import online_probe, run_probes
+from vitmask.evaluate.scores import evaluate_split
+from vitmask.generate.inpaint import boxes_to_mask, check_patch_mask, mask_image_to_pixels, parse_box, pixels_to_patches
+from vitmask.generate.sampling import DecodeOptions, decode_masked, sample_images
+from vitmask.model.params import ParamRow, param_rows
+from vitmask.model.vit import build_model
+from vitmask.outputs import check_out_file, reason, write_atomically, write_text
+from vitmask.runs import rundir
+from vitmask.runs.checkpoint import checkpoint_config, describe_load_failure, load_model
+from vitmask.runtime import distributed
+from vitmask.runtime.memory import check_fits, check_model_fits, is_out_of_memory, out_of_memory
+from vitmask.runtime.process import resolve_device
+from vitmask.train.loggers import TensorBoardLogger
+from vitmask.train.trainer import Trainer
+
+MAX_GRID_IMAGES = 256  # images in one reconstruct or preview PNG: beyond, the grid alone takes gigabytes
+
+
+def resolve_config(config: Path | None, overrides: list[str], state: dict | None = None) -> Config:
+    if config is not None:
+        return load_config(config, overrides)
+    if state is not None:
+        return config_from_dict(state["config"], overrides)
+    raise UserError("no config given; pass --config PATH (for example configs/default.yaml)")
+
+
+def train(
+    config: Path | None,
+    overrides: list[str],
+    run_dir: Path | None,
+    resume: str | None,
+    device_name: str,
+) -> tuple[Path, dict[str, float]]:
+    """Start or continue a run. Returns the run dir and the final validation metrics.
+
+    `resume` is a checkpoint path, or "auto": the newest checkpoint in the run dir, or a fresh start
+    when it has none. Which checkpoint, which run dir, which config changes a resume may make, the
+    lock and the clean-up of a failed start: rundir.py. Under torchrun every rank trains; only
+    rank 0 owns and writes the run dir.
+    """
+    world, device = distributed.init(resolve_device(device_name))
+    try:
+        plan = rundir.resolve(config, overrides, run_dir, resume)
+        check_fits(plan.cfg, device)
+        fresh = plan.state is None
+        owner = rundir.RunDir(plan.run_dir, fresh, auto=resume == "auto") if world.main else contextlib.nullcontext()
+        with owner, rundir.quiet_writer_threads():
+            val = _run(plan, device, world)
+        distributed.barrier(world)  # no rank tears the process group down while another still uses it
+        return plan.run_dir, val
+    finally:
+        distributed.shutdown()
+
+
+def _run(plan: rundir.Resolved, device: torch.device, world: distributed.World) -> dict[str, float]:
+    """Load the data, build (and restore) the trainer, write config.yaml, train; failed writes
+    (a full disk) and allocations end in one line."""
+    cfg, run_dir = plan.cfg, plan.run_dir
+    data = load_data(cfg, device, load_labelled_splits)
+    trainer = None
+    try:
+        probe = online_probe(cfg, data, device) if world.main else None
+        logger = TensorBoardLogger(run_dir) if world.main else None
+        trainer = Trainer(cfg, data.images, device, logger=logger, world=world, probe=probe)
+        trainer.run_id = plan.run_id
+        if plan.state is not None:
+            _restore(trainer, plan)
+        if world.main:
+            write_text(run_dir / "config.yaml", dump_config(cfg), "config")
+        val = trainer.fit(run_dir)
+        trainer.close()
+        return val
+    except Exception as e:
+        if trainer is not None:
+            with contextlib.suppress(Exception):
+                trainer.close()
+        if is_out_of_memory(e):
+            raise out_of_memory(e, device, f"training at step {trainer.step if trainer else 0}") from None
+        if isinstance(e, UserError) and not hasattr(e, "errno"):
+            raise
+        failure = rundir.write_failure(e, run_dir, trainer.step if trainer else 0) if world.main else None
+        if failure is None:
+            raise
+        raise failure from None
+    except BaseException:
+        if trainer is not None:
+            with contextlib.suppress(Exception):
+                trainer.close()
+        raise
+
+
+def load_data(cfg: Config, device: torch.device, loader=load_splits):
+    """`loader(cfg)` (`load_splits` or `load_labelled_splits`), with a file-system error or an
+    allocation failure as one line."""
+    try:
+        return loader(cfg)
+    except OSError as e:
+        where = f" under data.path {cfg.data.path}" if cfg.data.source != "shapes" else ""
+        raise UserError(f"cannot read the {cfg.data.source} data{where} ({reason(e)}); check data.path") from None
+    except Exception as e:
+        if is_out_of_memory(e):
+            raise out_of_memory(e, device, "loading the data") from None
+        raise
+
+
+def _restore(trainer: Trainer, plan: rundir.Resolved) -> None:
+    """Load the resumed checkpoint into the trainer and say so (one stdout line)."""
+    try:
+        trainer.load_state_dict(plan.state)
+    except UserError:
+        raise
+    except (KeyError, TypeError, ValueError, RuntimeError, IndexError, AttributeError) as e:
+        raise describe_load_failure(e, plan.source) from None
+    for group in trainer.optimizer.param_groups:  # torch checks the counts, not the shapes, of the moments
+        for p in group["params"]:
+            for k, v in trainer.optimizer.state.get(p, {}).items():
+                if torch.is_tensor(v) and v.dim() > 0 and v.shape != p.shape:
+                    raise describe_load_failure(
+                        ValueError(f"optimizer {k} of shape {tuple(v.shape)} for a parameter of {tuple(p.shape)}"),
+                        plan.source,
+                    )
+    if not trainer.world.main:
+        return
+    changed = f" (changed: {'; '.join(plan.changes)})" if plan.changes else ""
+    if plan.run_id == plan.state.get("run_id") or rundir._same_dir(plan.source.parent, plan.run_dir):
+        print(f"resuming {plan.run_dir} from step {trainer.step}{changed}", flush=True)
+    else:
+        print(f"starting a new run in {plan.run_dir} from {plan.source} (step {trainer.step}){changed}", flush=True)
+
+
+def check_ratio(ratio: float) -> None:
+    if not 0.0 < ratio < 1.0:
+        raise UserError(f"--mask-ratio must be strictly between 0 and 1, got {ratio}")
+
+
+def _check_split(split: str) -> None:
+    if split not in SPLITS:
+        raise UserError(f"unknown split '{split}'; use one of {', '.join(SPLITS)}")
+
+
+EVAL_STRATEGIES = ("random", "block")
+
+
+def evaluate_checkpoint(
+    path: Path,
+    split: str,
+    ratios: list[float] | float | None,
+    device_name: str,
+    seed: int = 0,
+    strategy: str | None = None,
+    centre_box: bool = False,
+    nll: bool = False,
+    nll_strata: int = 16,
+    nll_samples: int = 2,
+) -> dict:
+    """The eval report of a checkpoint: the model and the baselines at each mask ratio (default: the
+    config's), on `split`, with masks of `strategy` (default the config's, mixed read as random)
+    drawn from `seed`; with `centre_box`, also the centre box; with `nll`, the likelihood bound
+    and its baselines (likelihood.nll_report) under "nll"."""
+    _check_split(split)
+    check_seed(seed, "--seed")
+    ratios = [ratios] if isinstance(ratios, (int, float)) else list(ratios or [])
+    for r in ratios:
+        check_ratio(r)
+    if strategy is not None and strategy not in EVAL_STRATEGIES:
+        raise UserError(f"--strategy must be one of {', '.join(EVAL_STRATEGIES)}, got '{strategy}'")
+    device = resolve_device(device_name)
+    model, cfg, _ = load_model(path, device)
+    d = cfg.data
+    if nll:
+        check_nll_args(d.num_patches, d.num_classes, nll_strata, nll_samples)
+    box = centre_box_mask(d.grid)
+    if centre_box and not box.any():
+        raise UserError(f"--centre-box needs at least 2x2 patches; this model's grid is {d.grid}x{d.grid}")
+    check_fits(cfg, device, training=False)
+    splits = load_data(cfg, device)
+    images = splits[split].to(device)
+    train = splits["train"].to(device)
+    results = evaluate_split(
+        model, cfg, train, images, ratios or [cfg.mask.ratio], seed, progress=True, strategy=strategy
+    )
+    if centre_box:
+        share = int(box.sum()) / d.num_patches
+        results += evaluate_split(model, cfg, train, images, [share], seed, progress=True, strategy="centre")
+    report = {
+        "checkpoint": str(path),
+        "split": split,
+        "seed": seed,
+        "images": len(images),
+        "patch_size": d.patch_size,
+        "results": results,
+    }
+    if nll:
+        report["nll"] = nll_report(model, train, images, d.patch_size, nll_strata, nll_samples, seed, progress=True)
+    return report
+
+
+def reconstruct(path: Path, out: Path, n: int, ratio: float | None, split: str, seed: int, device_name: str) -> Path:
+    """Write the reconstruction grid (the picture TensorBoard shows) of the first `n` images of `split`."""
+    _check_split(split)
+    if ratio is not None:
+        check_ratio(ratio)
+    if not 1 <= n <= MAX_GRID_IMAGES:
+        raise UserError(f"--n must be at least 1 and at most {MAX_GRID_IMAGES} (images in one PNG grid), got {n}")
+    check_seed(seed, "--seed")
+    check_out_file(out, inputs=(path,))
+    device = resolve_device(device_name)
+    model, cfg, _ = load_model(path, device)
+    check_fits(cfg, device, training=False)
+    images = load_data(cfg, device)[split][:n].to(device)
+    ratio = cfg.mask.ratio if ratio is None else ratio
+    batch = next(eval_batches(images, cfg, ratio, seed, len(images)))
+    with torch.inference_mode():
+        pred = model(batch.patches, batch.mask).argmax(-1)  # (n, N)
+    grid = reconstruction_grid(images, batch.mask, pred, cfg.data.patch_size)
+    write_atomically(out, lambda f: save_grid(grid, f, scale=4), "--out")
+    return out
+
+
+def inpaint(
+    path: Path,
+    image: Path,
+    boxes: list[str],
+    mask_path: Path | None,
+    out: Path,
+    iterative: bool,
+    steps: int,
+    device_name: str,
+    temperature: float = 0.0,
+    seed: int = 0,
+    samples: int = 1,
+    order: str = "confidence",
+    choice_temperature: float = 0.0,
+) -> dict:
+    """Fill the patches of a user's image under the boxes and/or mask image; write the filled image,
+    or with `samples` K > 1 a grid of the input (the hole grey) and K completions drawn from `seed`."""
+    if not boxes and mask_path is None:
+        raise UserError("nothing to fill; pass --box x0,y0,x1,y1 (repeatable) or --mask mask.png")
+    options = DecodeOptions(steps, temperature, order, choice_temperature)  # checks every value
+    if not iterative:
+        options = dataclasses.replace(options, steps=1)
+    if not 1 <= samples <= MAX_GRID_IMAGES:
+        raise UserError(
+            f"--samples must be at least 1 and at most {MAX_GRID_IMAGES} (completions in one PNG grid), got {samples}"
+        )
+    if samples > 1 and options.deterministic:
+        raise UserError(
+            f"--samples {samples} at --temperature 0 would give {samples} identical completions; "
+            "pass --temperature 1 (or --order random, or --choice-temperature 4.5)"
+        )
+    check_seed(seed, "--seed")
+    check_out_file(out, inputs=(image, mask_path, path))
+    device = resolve_device(device_name)
+    model, cfg, _ = load_model(path, device)
+    d = cfg.data
+    gray = load_image_file(image)  # (h, w) uint8
+    picture = binarize_images(gray.unsqueeze(0), d)  # (1, S, S) the training preprocessing
+    pix = boxes_to_mask([parse_box(b, d.image_size) for b in boxes], d.image_size)  # (S, S)
+    if mask_path is not None:
+        pix |= mask_image_to_pixels(load_image_file(mask_path), tuple(gray.shape), d)
+    mask = pixels_to_patches(pix, d.patch_size)  # (N,)
+    check_patch_mask(mask)
+    mask = mask.unsqueeze(0).to(device).expand(samples, -1)  # (K, N)
+    picture = picture.to(device).expand(samples, -1, -1)  # (K, S, S)
+    generator = torch.Generator(device=device).manual_seed(seed)
+    classes = decode_masked(model, picture, mask, d.patch_size, options, generator)  # (K, N)
+    filled = paste_predictions(picture, mask, classes, d.patch_size)  # (K, S, S)
+    if samples == 1:
+        write_atomically(out, lambda f: save_binary_image(filled[0], f), "--out")
+    else:  # the input with its hole grey, then the completions
+        tiles = torch.cat([picture[:1], filled])  # (K + 1, S, S)
+        hole = torch.cat([mask[:1], torch.zeros_like(mask)])  # (K + 1, N): grey only on the input
+        grid = image_grid(tiles, min(samples + 1, 8), hole, d.patch_size)
+        write_atomically(out, lambda f: save_grid(grid, f, scale=4), "--out")
+    return {
+        "out": str(out),
+        "filled_patches": int(mask[0].sum()),
+        "patches": mask.shape[1],
+        "image_size": d.image_size,
+        "samples": samples,
+    }
+
+
+def sample(
+    path: Path,
+    out: Path,
+    n: int,
+    steps: int,
+    temperature: float,
+    seed: int,
+    device_name: str,
+    order: str = "random",
+    choice_temperature: float = 0.0,
+) -> dict:
+    """Generate `n` images from a fully masked canvas (sampling.sample_images); write them as one PNG grid."""
+    if not 1 <= n <= MAX_GRID_IMAGES:
+        raise UserError(f"--n must be at least 1 and at most {MAX_GRID_IMAGES} (images in one PNG grid), got {n}")
+    options = DecodeOptions(steps, temperature, order, choice_temperature)  # checks every value
+    check_seed(seed, "--seed")
+    check_out_file(out, inputs=(path,))
+    device = resolve_device(device_name)
+    model, cfg, _ = load_model(path, device)
+    d = cfg.data
+    generator = torch.Generator(device=device).manual_seed(seed)
+    images = sample_images(model, n, d.image_size, d.patch_size, options, generator, device)  # (n, S, S)
+    grid = image_grid(images, math.ceil(math.sqrt(n)))
+    write_atomically(out, lambda f: save_grid(grid, f, scale=3), "--out")
+    return {"out": str(out), "n": n, "image_size": d.image_size, "steps": steps, "temperature": temperature}
+
+
+def count_params(config: Path | None, checkpoint: Path | None, overrides: list[str]) -> list[ParamRow]:
+    """One row per parameter tensor (name, shape, count, the seed's name) of the model a config, or a
+    checkpoint's config, describes, `overrides` applied."""
+    if (config is None) == (checkpoint is None):
+        raise UserError("count-params needs exactly one of --config PATH or --checkpoint PATH")
+    cfg = checkpoint_config(checkpoint, overrides) if checkpoint is not None else load_config(config, overrides)
+    check_model_fits(cfg)
+    return param_rows(build_model(cfg))
+
+
+def preview(config: Path | None, overrides: list[str], out: Path, count: int, seed: int) -> str:
+    """Write the preview grid of the configured data to `out`; return the statistics as text."""
+    from vitmask.data.preview import format_stats, write_preview
+
+    cfg = resolve_config(config, overrides)
+    if not 1 <= count <= MAX_GRID_IMAGES:
+        raise UserError(
+            f"--count must be at least 1 and at most {MAX_GRID_IMAGES} (images in one PNG grid), got {count}"
+        )
+    check_seed(seed, "--seed")
+    check_out_file(out, make_folder=True)
+    check_fits(cfg, torch.device("cpu"), training=False, what="loading the data of")
+    stats = write_preview(load_splits(cfg), cfg, out, count, seed)
+    return format_stats(stats, cfg)
+
+
+def probe_checkpoint(
+    path: Path,
+    split: str,
+    layer: int | list[int] | None,
+    k: int,
+    seed: int,
+    device_name: str,
+    pool: str = "mean",
+    grid: int | None = None,
+) -> dict:
+    """The probe report of a checkpoint (probe.py): linear and k-NN accuracy on `split` of its
+    features (`layer`, `pool`, `grid`: see `run_probes`), of random weights and of raw pixels, and
+    the majority class."""
+    if split not in ("val", "test"):
+        raise UserError(f"unknown split '{split}' for probe; use val or test (the probes are fitted on train)")
+    device = resolve_device(device_name)
+    check_seed(seed, "--seed")
+    model, cfg, _ = load_model(path, device)
+    check_fits(cfg, device, training=False)
+    report = run_probes(model, cfg, load_data(cfg, device, load_labelled_splits), split, layer, k, seed, pool, grid)
+    return {"checkpoint": str(path), **report}

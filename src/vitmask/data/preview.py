@@ -1,0 +1,93 @@
+"""`vitmask preview`: a look at the data before a long run.
+
+A PNG grid of sample training images, each row of images followed by a row of the same images
+with their masks drawn (the configured strategy at `mask.ratio`, masked patches tinted blue:
+light on foreground, dark on background), and the statistics of the splits: image counts,
+foreground pixel fraction, the most common patch classes and the share of empty patches.
+
+Shapes: B images, H = W side, N patches, P pixels per patch, C token classes.
+"""
+
+from pathlib import Path
+
+import torch
+from torchvision.utils import make_grid, save_image
+
+from vitmask.config import Config
+from vitmask.data.batches import SPLITS, eval_batches
+from vitmask.data.masking import num_masked
+from vitmask.data.patches import patch_label, patch_mask_to_pixels
+from vitmask.errors import UserError
+from vitmask.evaluate.scores import class_counts
+from vitmask.outputs import write_atomically
+
+MASK_TINT = torch.tensor([0.2, 0.45, 1.0])  # masked patches: the pixel's gray level blended with this
+PAD = 2  # pixels between grid cells (make_grid's padding)
+
+
+def dataset_stats(splits: dict[str, torch.Tensor], cfg: Config, top: int = 5) -> dict:
+    """Counts per split, foreground fraction per split, and the patch-class histogram of train."""
+    d = cfg.data
+    counts = class_counts(splits["train"], d.patch_size, d.num_classes)  # (C,)
+    share = counts.double() / counts.sum()  # (C,)
+    order = share.argsort(descending=True)[:top]
+    return {
+        "images": {k: len(splits[k]) for k in SPLITS},
+        "foreground": {k: float(splits[k].double().mean()) if len(splits[k]) else float("nan") for k in SPLITS},
+        "empty_patch_share": float(share[0]),
+        "top_classes": [(int(c), float(share[c])) for c in order],
+    }
+
+
+def format_stats(stats: dict, cfg: Config) -> str:
+    d, m = cfg.data, cfg.mask
+    n_mask = num_masked(d.num_patches, m.ratio)
+    lo, hi = m.ratio_range or (0, 1)
+    counts = f"{num_masked(d.num_patches, lo)}..{num_masked(d.num_patches, hi)}"
+    ranged = {
+        "fixed": "",
+        "uniform": f"; training draws M uniformly from {counts} per batch",
+        "cosine": f"; training draws M from {counts} per batch, ratio cos(pi/2 u) in [{lo}, {hi}]",
+    }[m.ratio_schedule]
+    lines = [
+        f"source {d.source}" + ("" if d.source == "shapes" else f" ({d.path})"),
+        f"images {d.image_size}x{d.image_size}, patches {d.patch_size}x{d.patch_size}: "
+        f"{d.num_patches} per image, {d.num_classes} classes",
+        f"mask {m.strategy}, ratio {m.ratio} ({n_mask} of {d.num_patches} patches){ranged}",
+        f"{'split':<6} {'images':>8}  foreground",
+    ]
+    for k in SPLITS:
+        lines.append(f"{k:<6} {stats['images'][k]:>8,}  {stats['foreground'][k]:.4f}")
+    lines.append(f"empty patches (train) {stats['empty_patch_share']:.4f}")
+    top = ", ".join(f"{c} [{patch_label(c, d.patch_size)}] {s:.4f}" for c, s in stats["top_classes"])
+    lines.append(f"most common patch classes (train): {top}")
+    return "\n".join(lines)
+
+
+def preview_grid(images: torch.Tensor, cfg: Config, seed: int, per_row: int = 8, scale: int = 4) -> torch.Tensor:
+    """images (B, H, W) 0/1 -> (3, H', W') float in [0, 1]: rows of `per_row` images, each followed
+    by the same images with their masks drawn, every pixel scaled up `scale` times."""
+    p = cfg.data.patch_size
+    batch = next(eval_batches(images, cfg, cfg.mask.ratio, seed, len(images), cfg.mask.strategy))  # training's kind
+    gray = images.float().unsqueeze(1).expand(-1, 3, -1, -1)  # (B, 3, H, W)
+    pix_mask = patch_mask_to_pixels(batch.mask, p)  # (B, H, W)
+    masked = torch.where(pix_mask.unsqueeze(1), 0.45 * gray + 0.55 * MASK_TINT.view(1, 3, 1, 1), gray)
+    rows = []
+    for start in range(0, len(images), per_row):
+        rows += [gray[start : start + per_row], masked[start : start + per_row]]
+    cells = torch.cat(rows)  # (2B, 3, H, W), row by row
+    cells = cells.repeat_interleave(scale, dim=2).repeat_interleave(scale, dim=3)  # (2B, 3, sH, sW)
+    return make_grid(cells, nrow=per_row, padding=PAD, pad_value=0.5)
+
+
+def write_preview(splits: dict[str, torch.Tensor], cfg: Config, out: Path, count: int, seed: int) -> dict:
+    """Write the grid of `count` seeded random training images to `out` (a .png); return the stats."""
+    if out.suffix.lower() != ".png":
+        raise UserError(f"--out {out} must be a .png file, e.g. --out preview.png")
+    if count < 1:
+        raise UserError(f"--count must be >= 1, got {count}")
+    train = splits["train"]
+    pick = torch.randperm(len(train), generator=torch.Generator().manual_seed(seed))[:count]
+    grid = preview_grid(train[pick], cfg, seed, per_row=min(8, count))
+    write_atomically(out, lambda f: save_image(grid, f), "--out", make_folder=True)
+    return dataset_stats(splits, cfg)

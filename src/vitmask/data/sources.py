@@ -1,0 +1,353 @@
+"""Real image sources: torchvision datasets, idx files, image folders and npz archives.
+
+Each reader hands over grayscale uint8 images (0..255) under the split names the source itself
+has: {"train", "test"} (and "val" for a folder that has one) where the source comes with a
+split, else {"all"}. `load_source_splits` binarizes them through `preprocess` (one path for every
+source) and carves the missing splits out by seeded fractions:
+
+- a source with train and test: val is `data.val_fraction` of train;
+- a source without: test is `data.test_fraction` and val `data.val_fraction` of all the images.
+
+The same seed gives the same split. The result is the `load_splits` contract: {"train", "val",
+"test"} of uint8 (n, S, S) in {0, 1}, on the CPU.
+
+Labels come with the images where the source has them (torchvision targets, an idx labels file
+beside each images file, a folder's class subfolders, an npz labels array): each reader returns
+them beside its images, one int64 per image kept (a skipped file takes its label with it), and
+the split is carved by the same indices, so they stay aligned. A source without labels returns,
+instead, one line saying why and how to provide them. Reading labels never fails a load: the
+images, their order and the split are the same with or without them.
+"""
+
+import difflib
+import gzip
+import math
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from vitmask.config import DataConfig
+from vitmask.data.preprocess import binarize_images, binarize_list, load_image_file, to_gray_uint8
+from vitmask.errors import UserError, warn
+from vitmask.runtime.memory import available_bytes, check_bytes, check_images_fit
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
+# idx image files: train-images-idx3-ubyte, t10k-images-idx3-ubyte.gz, emnist-...-images-idx3-ubyte, ...
+IDX_SUFFIXES = ("idx3-ubyte", "idx3-ubyte.gz")
+
+Raw = torch.Tensor | list[torch.Tensor]  # (n, H, W) uint8, or n images (H, W) of mixed sizes
+# int64 (n,) class indices per part of a source, aligned with its images; or why there are none and how to add them
+Labels = dict[str, torch.Tensor] | str
+
+
+def _existing(path: str, what: str) -> Path:
+    p = Path(path)
+    if not p.exists():
+        raise UserError(f"data.path {p} does not exist; point data.path at {what}")
+    return p
+
+
+# ---- splits ---------------------------------------------------------------------------------------
+def split_fractions(n: int, fractions: tuple[float, ...], seed: int) -> list[torch.Tensor]:
+    """A seeded permutation of range(n) cut into len(fractions) + 1 index sets: round(f * n) for each
+    fraction (at least 1), in order, then the rest. The same n, fractions and seed give the same sets."""
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))  # (n,)
+    counts = [max(1, round(f * n)) for f in fractions]
+    if sum(counts) >= n:
+        raise UserError(
+            f"only {n} images: too few to hold out {' and '.join(map(str, counts))} of them and still train; "
+            "add images or lower data.val_fraction / data.test_fraction"
+        )
+    return list(torch.split(perm, [*counts, n - sum(counts)]))
+
+
+def split_plan(sizes: dict[str, int], cfg: DataConfig, seed: int) -> dict[str, tuple[str, torch.Tensor | None]]:
+    """Where each of train/val/test comes from, given the sizes of a source's own parts: (part,
+    indices into it), or (part, None) for the whole part in order (see module doc)."""
+    if "all" in sizes:
+        test, val, train = split_fractions(sizes["all"], (cfg.test_fraction, cfg.val_fraction), seed)
+        return {"train": ("all", train), "val": ("all", val), "test": ("all", test)}
+    plan: dict[str, tuple[str, torch.Tensor | None]] = {k: (k, None) for k in sizes}
+    if "val" not in sizes:
+        val, train = split_fractions(sizes["train"], (cfg.val_fraction,), seed)
+        plan["train"], plan["val"] = ("train", train), ("train", val)
+    return {k: plan[k] for k in ("train", "val", "test")}
+
+
+def take(parts: dict[str, torch.Tensor], plan: dict[str, tuple[str, torch.Tensor | None]]) -> dict[str, torch.Tensor]:
+    """Apply a `split_plan` to per-part tensors (images or their labels)."""
+    return {k: parts[part] if idx is None else parts[part][idx] for k, (part, idx) in plan.items()}
+
+
+def make_splits(parts: dict[str, torch.Tensor], cfg: DataConfig, seed: int) -> dict[str, torch.Tensor]:
+    """Binarized images under a source's own split names -> {"train", "val", "test"} (see module doc)."""
+    return take(parts, split_plan({k: len(v) for k, v in parts.items()}, cfg, seed))
+
+
+def load_source_labelled(cfg: DataConfig, seed: int) -> tuple[dict[str, torch.Tensor], Labels]:
+    """The splits of a non-built-in source (read, binarize, split) and their labels, split alike:
+    {"train", "val", "test"} of int64 (n,), or the line saying why the source has none."""
+    readers = {"torchvision": read_torchvision, "idx": read_idx, "folder": read_folder, "npz": read_npz}
+    raw, labels = readers[cfg.source](cfg)
+    check_images_fit(sum(len(v) for v in raw.values()), cfg.image_size)
+    binary = {k: binarize_list(v, cfg) if isinstance(v, list) else binarize_images(v, cfg) for k, v in raw.items()}
+    plan = split_plan({k: len(v) for k, v in binary.items()}, cfg, seed)
+    return take(binary, plan), labels if isinstance(labels, str) else take(labels, plan)
+
+
+def load_source_splits(cfg: DataConfig, seed: int) -> dict[str, torch.Tensor]:
+    """The splits of a non-built-in source: read, binarize, split."""
+    return load_source_labelled(cfg, seed)[0]
+
+
+# ---- torchvision ----------------------------------------------------------------------------------
+def read_torchvision(cfg: DataConfig) -> tuple[dict[str, Raw], Labels]:
+    """A torchvision dataset by name, its own train/test split, under root data.path; its targets."""
+    from torchvision import datasets
+
+    root = Path(cfg.path)
+    cls = getattr(datasets, cfg.name)
+    kwargs = {"split": cfg.emnist_split} if cfg.name == "EMNIST" else {}
+    try:
+        if cfg.name == "Omniglot":  # background = the training alphabets, evaluation = the rest
+            sets = {k: cls(root, background=k == "train", download=cfg.download) for k in ("train", "test")}
+        else:
+            sets = {k: cls(root, train=k == "train", download=cfg.download, **kwargs) for k in ("train", "test")}
+    except RuntimeError as e:
+        if not cfg.download and "not found" in str(e).lower():
+            raise UserError(
+                f"torchvision dataset {cfg.name} not found under {root} and data.download is false; "
+                f"set data.download=true to fetch it, or point data.path at the root that holds {cfg.name}/"
+            ) from None
+        why = " ".join(str(e).split())  # one line
+        raise UserError(f"could not load torchvision dataset {cfg.name} into {root} ({why}); check data.path") from None
+    except OSError as e:  # no network, a refused connection, a full disk
+        raise UserError(
+            f"could not download torchvision dataset {cfg.name} into {root} ({e.__class__.__name__}); "
+            "check the network, or fetch the files by hand and set data.download=false"
+        ) from None
+    if cfg.name == "Omniglot":  # PNG files behind a per-item API: a loop at load time, not in the hot path
+        images = {k: [torch.from_numpy(_pil_array(ds[i][0])) for i in range(len(ds))] for k, ds in sets.items()}
+        return images, (
+            "Omniglot's background (train) and evaluation (test) sets hold different characters, so a probe "
+            "trained on one cannot be scored on the other; use a labelled folder or npz of Omniglot images"
+        )
+    out = {k: ds.data for k, ds in sets.items()}  # (n, 28, 28) uint8, the MNIST family
+    if cfg.name == "EMNIST":  # EMNIST's files hold every image transposed
+        out = {k: v.transpose(1, 2).contiguous() for k, v in out.items()}
+    targets = {k: torch.as_tensor(ds.targets).long() for k, ds in sets.items()}  # (n,), QMNIST: (n, 8)
+    return out, {k: t[:, 0] if t.dim() == 2 else t for k, t in targets.items()}  # QMNIST's class is column 0
+
+
+def _pil_array(img):
+    import numpy as np
+
+    return np.array(img.convert("L"), dtype=np.uint8)  # (H, W)
+
+
+# ---- idx ------------------------------------------------------------------------------------------
+def read_idx_file(path: Path) -> torch.Tensor:
+    """One idx image file, gzipped or not -> (n, H, W) uint8, read by torchvision's own reader."""
+    from torchvision.datasets.mnist import read_image_file
+
+    try:
+        if path.suffix == ".gz":  # torchvision's reader opens a plain file: gunzip to a temporary one
+            with gzip.open(path, "rb") as src, tempfile.NamedTemporaryFile(suffix=".idx") as tmp:
+                shutil.copyfileobj(src, tmp)
+                tmp.flush()
+                return read_image_file(tmp.name)
+        return read_image_file(str(path))
+    except (AssertionError, KeyError, TypeError, ValueError, RuntimeError, OSError, EOFError) as e:
+        raise UserError(
+            f"{path} is not a readable idx image file ({e.__class__.__name__}); "
+            "pass MNIST-format image files such as t10k-images-idx3-ubyte.gz"
+        ) from None
+
+
+def read_idx_labels(path: Path) -> torch.Tensor:
+    """One idx labels file, gzipped or not -> (n,) int64, read by torchvision's own reader."""
+    from torchvision.datasets.mnist import read_label_file
+
+    if path.suffix == ".gz":
+        with gzip.open(path, "rb") as src, tempfile.NamedTemporaryFile(suffix=".idx") as tmp:
+            shutil.copyfileobj(src, tmp)
+            tmp.flush()
+            return read_label_file(tmp.name)
+    return read_label_file(str(path))
+
+
+def idx_labels_beside(images_file: Path, n: int) -> torch.Tensor | str:
+    """The labels of an idx images file, from the file beside it with `images-idx3-ubyte` read as
+    `labels-idx1-ubyte` (plain or gzipped): (n,) int64, or why there are none."""
+    stem = images_file.name.removesuffix(".gz")
+    name = stem.replace("images-idx3-ubyte", "labels-idx1-ubyte").replace("idx3-ubyte", "idx1-ubyte")
+    found = [p for p in (images_file.with_name(name), images_file.with_name(name + ".gz")) if p.is_file()]
+    if not found:
+        return f"there is no labels file {name}[.gz] beside {images_file}; put the idx labels file next to it"
+    try:
+        labels = read_idx_labels(found[0])
+    except (AssertionError, KeyError, TypeError, ValueError, RuntimeError, OSError, EOFError) as e:
+        return f"{found[0]} is not a readable idx labels file ({e.__class__.__name__}); replace it"
+    if len(labels) != n:
+        return f"{found[0]} holds {len(labels)} labels for the {n} images of {images_file}; pass the matching file"
+    return labels
+
+
+def read_idx(cfg: DataConfig) -> tuple[dict[str, Raw], Labels]:
+    """idx image files in the folder data.path (or one file). Files named t10k-* or test-* are the
+    test split, the others train; with only one kind there, all of it is split by fractions. The
+    labels are the `*labels-idx1-ubyte[.gz]` file beside each images file."""
+    root = _existing(cfg.path, "a folder of idx files such as t10k-images-idx3-ubyte.gz")
+    files = [root] if root.is_file() else sorted(p for p in root.iterdir() if p.name.endswith(IDX_SUFFIXES))
+    plain = {p.name for p in files}
+    files = [p for p in files if not (p.suffix == ".gz" and p.stem in plain)]  # a file and its .gz: read the file
+    if not files:
+        raise UserError(f"no idx image files (*idx3-ubyte or *idx3-ubyte.gz) in {root}; point data.path at them")
+    groups: dict[str, list[torch.Tensor]] = {}
+    labels: dict[str, list[torch.Tensor]] = {}
+    no_labels = ""
+    for p in files:
+        kind = "test" if p.name.startswith(("t10k", "test")) or "-test-" in p.name else "train"
+        groups.setdefault(kind, []).append(read_idx_file(p))
+        found = idx_labels_beside(p, len(groups[kind][-1]))
+        if isinstance(found, str):
+            no_labels = no_labels or found
+        else:
+            labels.setdefault(kind, []).append(found)
+    parts = {"all" if len(groups) == 1 else k: _cat(v, root) for k, v in groups.items()}
+    return parts, no_labels or {"all" if len(labels) == 1 else k: torch.cat(v) for k, v in labels.items()}
+
+
+def _cat(images: list[torch.Tensor], root: Path) -> torch.Tensor:
+    if len({tuple(x.shape[1:]) for x in images}) > 1:
+        raise UserError(f"the idx files in {root} hold images of different sizes; keep one dataset per folder")
+    return torch.cat(images)
+
+
+# ---- folder ---------------------------------------------------------------------------------------
+def read_folder(cfg: DataConfig) -> tuple[dict[str, Raw], Labels]:
+    """Every PNG, JPEG or BMP file under data.path, recursively, in sorted order. Subfolders train/
+    and test/ (and optionally val/) are the source's own split. Unreadable files are skipped with
+    one warning that counts them (data.bad_files=skip) or stop the run (data.bad_files=fail).
+    Labels: see `folder_labels`."""
+    root = _existing(cfg.path, "a folder of PNG, JPEG or BMP files")
+    if not root.is_dir():
+        raise UserError(f"data.path {root} is not a folder; point data.path at a folder of PNG, JPEG or BMP files")
+    own = {k: root / k for k in ("train", "val", "test") if (root / k).is_dir()}
+    groups = own if {"train", "test"} <= set(own) else {"all": root}
+    files = {
+        k: sorted(p for p in d.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
+        for k, d in groups.items()
+    }
+    total = sum(map(len, files.values()))
+    if total == 0:
+        raise UserError(f"no PNG, JPEG or BMP files under {root}; point data.path at a folder of images")
+    bad: list[tuple[Path, str]] = []
+    out: dict[str, Raw] = {}
+    free = available_bytes(torch.device("cpu"))
+    budget, held = (free // 2 if free is not None else None), 0  # full-size images, before fitting
+    kept: dict[str, list[Path]] = {k: [] for k in files}  # the files read, in the order of their images
+    for k, paths in files.items():
+        images = []
+        for p in paths:
+            try:
+                image = load_image_file(p)
+            except UserError as e:
+                if cfg.bad_files == "fail":
+                    raise UserError(
+                        f"{e} (data.bad_files is fail: remove the file, or set data.bad_files=skip)"
+                    ) from None
+                bad.append((p, str(e)))
+                continue
+            held += image.numel()
+            if budget is not None and held > budget:
+                raise UserError(
+                    f"the images under {root} take more than {held / 2**30:.1f} GiB at full size, over half the free "
+                    "memory; shrink them first, or use fewer"
+                )
+            images.append(image)
+            kept[k].append(p)
+        if not images and total > len(bad):
+            raise UserError(f"{groups[k]} holds no readable images; put PNG, JPEG or BMP files in it")
+        out[k] = images
+    if len(bad) == total:
+        raise UserError(f"none of the {total} image files under {root} could be read (first: {bad[0][1]})")
+    if bad:
+        warn(f"skipped {len(bad)} of {total} image files under {root} that could not be read (first: {bad[0][1]})")
+    return out, folder_labels({k: groups[k] for k in kept}, kept)
+
+
+def folder_labels(roots: dict[str, Path], kept: dict[str, list[Path]]) -> Labels:
+    """As torchvision's ImageFolder: an image's class is the first-level subfolder it lies in under
+    its split's folder (train/, val/, test/, or data.path itself); the class names of every split,
+    sorted, give one shared index. Files outside a class folder mean the folder has no labels."""
+    names = {k: [p.relative_to(roots[k]).parts for p in paths] for k, paths in kept.items()}
+    for k, parts in names.items():
+        loose = [roots[k] / q[0] for q in parts if len(q) == 1]
+        if loose:
+            return (
+                f"{loose[0]} is not in a class subfolder; to label a folder, put each class's images in a "
+                f"subfolder named after it ({roots[k]}/CLASS/...), as torchvision's ImageFolder reads them"
+            )
+    classes = sorted({q[0] for parts in names.values() for q in parts})
+    index = {c: i for i, c in enumerate(classes)}
+    return {k: torch.tensor([index[q[0]] for q in parts], dtype=torch.long) for k, parts in names.items()}
+
+
+# ---- npz ------------------------------------------------------------------------------------------
+def read_npz(cfg: DataConfig) -> tuple[dict[str, Raw], Labels]:
+    """The array data.npz_key of the NumPy archive data.path; split by fractions. Labels: the array
+    data.npz_labels_key of the same archive (see `npz_labels`)."""
+    import zipfile
+
+    import numpy as np
+
+    path = _existing(cfg.path, "a .npz file holding an image array")
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            if not hasattr(archive, "files"):
+                raise ValueError("a single array, not an archive")
+            if cfg.npz_key not in archive.files:
+                near = difflib.get_close_matches(cfg.npz_key, archive.files, n=1)
+                hint = f"did you mean '{near[0]}'? " if near else ""
+                raise UserError(
+                    f"{path} has no array '{cfg.npz_key}' (it holds: {', '.join(archive.files) or 'nothing'}); "
+                    f"{hint}set data.npz_key to the key of the image array"
+                )
+            with archive.zip.open(f"{cfg.npz_key}.npy") as member:  # the header first: shape and dtype
+                fmt = np.lib.format
+                header = fmt.read_array_header_1_0 if fmt.read_magic(member) == (1, 0) else fmt.read_array_header_2_0
+                shape, _, dtype = header(member)
+            what = f"array '{cfg.npz_key}' of {path}, {shape} {dtype},"
+            check_bytes(math.prod(shape) * (dtype.itemsize + 8), what, "store fewer or smaller images")
+            array = archive[cfg.npz_key]
+            labels = npz_labels(archive, cfg.npz_labels_key, path, len(array))
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as e:
+        raise UserError(
+            f"{path} is not a readable .npz archive ({e.__class__.__name__}); save the images with numpy.savez"
+        ) from None
+    images = {"all": to_gray_uint8(array, f"array '{cfg.npz_key}' of {path}")}
+    return images, labels if isinstance(labels, str) else {"all": labels}
+
+
+def npz_labels(archive, key: str, path: Path, n: int) -> torch.Tensor | str:
+    """The labels array `key` of an open npz archive: (n,) int64, or why there are none. Integers
+    >= 0 are kept as they are; any other values (strings, negative numbers) are numbered in sorted order."""
+    import zipfile
+
+    import numpy as np
+
+    fix = f"save one label per image under '{key}' (numpy.savez(..., labels=y)) or set data.npz_labels_key"
+    if key not in archive.files:
+        return f"{path} has no array '{key}' (it holds: {', '.join(archive.files)}); {fix}"
+    try:
+        a = archive[key]
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:  # e.g. an object array (no pickles)
+        return f"array '{key}' of {path} cannot be read ({e.__class__.__name__}); {fix}"
+    if a.shape != (n,):
+        return f"array '{key}' of {path} has shape {a.shape}, but there are {n} images; {fix}"
+    if np.issubdtype(a.dtype, np.integer) and (n == 0 or a.min() >= 0):
+        return torch.from_numpy(a.astype(np.int64))
+    return torch.from_numpy(np.unique(a, return_inverse=True)[1].reshape(n).astype(np.int64))

@@ -1,0 +1,186 @@
+"""Iterative decoding of masked patches: inpainting part of an image, or generating whole images.
+
+A masked-patch model trained over all mask ratios is an any-order autoregressive model (Hoogeboom
+et al. 2021, "Autoregressive Diffusion Models"): whatever is visible, it gives p(x_i | visible) for
+every hidden patch i. Decoding fills the hidden patches over `steps` rounds. In each round the model
+predicts every hidden patch, each gets a class (the most likely one at temperature 0, else a draw
+from softmax(logits / temperature)), some of them are kept and shown to the model as visible from
+then on, and the rest are predicted again. How many are kept follows MaskGIT's cosine schedule
+(Chang et al. 2022): after round t of T, floor(M cos(pi/2 * t / T)) of the M hidden patches stay
+hidden. Which ones are kept is the `order`:
+
+- `confidence` (MaskGIT): the most probable ones, ranked by the model's log-probability of the
+  class each got, plus Gumbel noise scaled by `choice_temperature * (1 - (t + 1) / T)`: MaskGIT's
+  randomised choice, annealed to none by the last round (MaskGIT uses 4.5; 0 keeps strictly the most
+  confident);
+- `random`: a uniformly random subset of the hidden patches (random-order sampling). With
+  steps >= M and temperature 1, every round fixes one patch drawn from its conditional: an exact
+  draw from the model's random-order (ARDM) distribution, the one `likelihood` bounds.
+
+Temperature 0 with the `confidence` order and no choice noise is deterministic: the one-shot fill
+(steps = 1: every hidden patch gets its most likely class at once) or the most-confident-first fill
+that `vitmask inpaint` has always made. Random draws come from a `torch.Generator` on the model's
+device, so a seed repeats a result there. Everything is batched on the device; rows may hide
+different counts (`predict_every_patch`: an encoder-decoder model gets one call per distinct count).
+
+Shapes: B images, H = W side, N patches, P pixels per patch, C classes, T rounds.
+"""
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from vitmask.data.patches import classes_to_patches, patches_to_classes, patchify, unpatchify
+from vitmask.errors import UserError
+
+ORDERS = ("confidence", "random")
+
+
+@dataclass(frozen=True)
+class DecodeOptions:
+    steps: int = 1  # rounds of decoding; each fixes some hidden patches (at most one round per patch)
+    temperature: float = 0.0  # 0: the most likely class; T > 0: a draw from softmax(logits / T)
+    order: str = "confidence"  # which patches a round keeps: confidence (MaskGIT) | random
+    choice_temperature: float = 0.0  # confidence: scale of the Gumbel noise on the ranking (MaskGIT: 4.5)
+
+    def __post_init__(self) -> None:
+        if self.steps < 1:
+            raise UserError(f"--steps must be at least 1, got {self.steps}")
+        if not 0 <= self.temperature < math.inf:  # also refuses NaN
+            raise UserError(
+                f"--temperature must be >= 0 and finite (0 = the most likely class), got {self.temperature}"
+            )
+        if self.order not in ORDERS:
+            raise UserError(f"--order must be one of {', '.join(ORDERS)}, got '{self.order}'")
+        if not 0 <= self.choice_temperature < math.inf:
+            raise UserError(
+                f"--choice-temperature must be >= 0 and finite (0 = no noise), got {self.choice_temperature}"
+            )
+
+    @property
+    def deterministic(self) -> bool:
+        """Whether decoding draws nothing at random (every call gives the same classes)."""
+        return self.temperature == 0 and self.order == "confidence" and self.choice_temperature == 0
+
+
+def unmask_counts(num_masked: int, steps: int) -> list[int]:
+    """Patches fixed in each of `steps` rounds: the cosine schedule, summing to `num_masked`."""
+    left = [math.floor(num_masked * math.cos(math.pi / 2 * t / steps)) for t in range(1, steps)] + [0]
+    counts, before = [], num_masked
+    for remaining in left:
+        counts.append(before - remaining)
+        before = remaining
+    return counts
+
+
+def unmask_schedule(num_hidden: torch.Tensor, steps: int) -> torch.Tensor:
+    """(B,) hidden counts -> (T, B) int64 patches fixed per round, on the CPU.
+
+    A row hiding M patches runs min(steps, M) rounds of `unmask_counts` (at least one) and fixes
+    none after them; T is the longest row's. Computed once per distinct count, not per row.
+    """
+    counts = num_hidden.detach().cpu().long()  # (B,)
+    per_count = {m: unmask_counts(m, max(1, min(steps, m))) for m in counts.unique().tolist()}
+    table = torch.zeros(max(map(len, per_count.values())), len(counts), dtype=torch.long)  # (T, B)
+    for m, ks in per_count.items():
+        table[: len(ks), counts == m] = torch.tensor(ks, dtype=torch.long).unsqueeze(1)
+    return table
+
+
+def predict_every_patch(model: torch.nn.Module, patches: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """patches (B, N, P), mask (B, N) True = hidden, any count per row -> model(patches, mask): (B, N, C).
+
+    An encoder-decoder model (model.decoder self | cross) gathers each row's visible patches into
+    one dense tensor, so one call needs the same hidden count in every row: rows are grouped by
+    count, one call per distinct count (a host sync; never in a training step). The single-stack
+    model takes any mask in one call.
+    """
+    if getattr(model, "decoder", None) is None:
+        return model(patches, mask)  # (B, N, C)
+    counts = mask.sum(1)  # (B,)
+    distinct = counts.unique()
+    if len(distinct) == 1:
+        return model(patches, mask)  # (B, N, C)
+    out = None
+    for m in distinct:
+        rows = (counts == m).nonzero().squeeze(1)  # (b,)
+        logits = model(patches[rows], mask[rows])  # (b, N, C)
+        out = logits.new_empty(*mask.shape, logits.shape[-1]) if out is None else out  # (B, N, C)
+        out[rows] = logits
+    return out
+
+
+def gumbel(shape: tuple[int, ...], generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
+    """Standard Gumbel noise, -log(-log(u)) with u ~ U(0, 1): argmax(logits + noise) draws from softmax(logits)."""
+    u = torch.rand(shape, generator=generator, device=device).clamp_min(torch.finfo(torch.float32).tiny)
+    return -torch.log(-torch.log(u))
+
+
+@torch.inference_mode()
+def decode_masked(
+    model: torch.nn.Module,
+    images: torch.Tensor,
+    mask: torch.Tensor,
+    patch_size: int,
+    options: DecodeOptions = DecodeOptions(),
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """images (B, H, W) 0/1, mask (B, N) True = hidden -> (B, N) int64 classes, every patch decided.
+
+    Visible patches keep their class; hidden ones are decoded as the module docstring says. Rows
+    may hide different counts, all of them included (a fully hidden canvas generates an image).
+    Rounds in which no row fixes a patch are skipped.
+    """
+    pix = patchify(images, patch_size).float()  # (B, N, P)
+    classes = patches_to_classes(pix)  # (B, N)
+    hidden = mask.clone()  # (B, N)
+    schedule = unmask_schedule(mask.sum(1), options.steps)  # (T, B), CPU
+    busy = (schedule.sum(1) > 0).tolist()  # rounds that fix something
+    schedule = schedule.to(mask.device)
+    rounds = len(schedule)
+    for t in range(rounds):
+        if not busy[t]:
+            continue
+        logp = predict_every_patch(model, pix, hidden).float().log_softmax(-1)  # (B, N, C)
+        if options.temperature == 0:
+            guess = logp.argmax(-1)  # (B, N)
+        else:
+            guess = (logp / options.temperature + gumbel(logp.shape, generator, logp.device)).argmax(-1)  # (B, N)
+        if options.order == "random":
+            score = torch.rand(hidden.shape, generator=generator, device=hidden.device)  # (B, N)
+        else:
+            score = logp.gather(-1, guess.unsqueeze(-1)).squeeze(-1)  # (B, N) log p of the chosen class
+            noise = options.choice_temperature * (1 - (t + 1) / rounds)
+            if noise > 0:
+                score = score + noise * gumbel(score.shape, generator, score.device)
+        score = torch.where(hidden, score.clamp_min(-1e30), -math.inf)  # visible patches rank last
+        rank = score.argsort(dim=1, descending=True, stable=True).argsort(dim=1)  # (B, N): 0 = kept first
+        pick = rank < schedule[t].unsqueeze(1)  # (B, N), only hidden patches: k <= hidden count
+        classes = torch.where(pick, guess, classes)
+        pix = torch.where(pick.unsqueeze(-1), classes_to_patches(guess, pix.shape[-1]).float(), pix)
+        hidden = hidden & ~pick
+    return classes
+
+
+@torch.inference_mode()
+def sample_images(
+    model: torch.nn.Module,
+    n: int,
+    image_size: int,
+    patch_size: int,
+    options: DecodeOptions,
+    generator: torch.Generator | None = None,
+    device: torch.device | str = "cpu",
+    batch_size: int = 256,
+) -> torch.Tensor:
+    """Generate `n` images from a fully masked canvas: (n, H, W) uint8 0/1, in batches of `batch_size`."""
+    grid = image_size // patch_size
+    out = []
+    for start in range(0, n, batch_size):
+        b = min(batch_size, n - start)
+        canvas = torch.zeros(b, image_size, image_size, dtype=torch.uint8, device=device)  # (b, H, W)
+        hidden = torch.ones(b, grid * grid, dtype=torch.bool, device=device)  # (b, N): all masked
+        classes = decode_masked(model, canvas, hidden, patch_size, options, generator)  # (b, N)
+        out.append(unpatchify(classes_to_patches(classes, patch_size**2), patch_size).to(torch.uint8))
+    return torch.cat(out)  # (n, H, W)

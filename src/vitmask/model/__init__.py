@@ -1,0 +1,3 @@
+"""The network: the masked-patch ViT (vit.py), its optional decoders (decoder.py), and what a config
+costs before anything is trained: the parameter table (params.py) and the FLOP count (flops.py).
+"""

@@ -1,0 +1,309 @@
+"""Checkpoints: plain data only, written atomically, read with `weights_only=True`.
+
+A checkpoint is a dict of tensors, numbers, strings and nested dicts/lists: the model, optimizer,
+scheduler and grad-scaler state dicts, the step, the best validation loss, every RNG state (the
+data sampler's too) and the config as a dict. It is written to a temp file in the same folder,
+flushed to disk, then moved over the target with `os.replace`, so a kill mid-write leaves the
+previous file intact. Loading never unpickles code.
+
+In a run dir, every checkpoint is `step_<step>.pt`; `last.pt` is a hard link to the newest one
+(made atomically the same way) and only the newest `keep_last` step files are kept.
+
+A checkpoint holding a NaN or inf in its weights or optimizer state is never written, and is
+refused when read (`first_non_finite`), so a diverged run cannot leave one behind for eval or
+resume. A file that is a vitmask checkpoint but damaged or of another version (missing entries,
+entries of the wrong type, a config this version cannot build) is refused with one line naming
+the entry (`check_resumable` for what a resume needs beyond the model and config).
+
+Every command that needs a checkpoint's model goes through `load_model`: read the file
+(`load_checkpoint`), build its config, build the model, and load the weights with
+`load_model_state` (compile prefix stripped, every key and shape checked). Resuming a run loads
+the same way into the trainer's model (`Trainer.load_state_dict`).
+"""
+
+import os
+import re
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+
+from vitmask.config import Config, config_from_dict
+from vitmask.errors import UserError
+from vitmask.model.vit import MaskedPatchViT, build_model
+from vitmask.outputs import os_error_in, write_atomically, write_error
+
+FORMAT = "vitmask-checkpoint/1"
+COMPILE_PREFIX = "_orig_mod."  # what torch.compile's wrapper puts before every state-dict key
+STEP_FILE = re.compile(r"step_(\d+)\.pt")
+
+
+def save_checkpoint(state: dict[str, Any], path: str | Path) -> Path:
+    """Write `state` atomically (temp file, fsync, os.replace); refuse one with non-finite values.
+
+    A failed write raises `outputs.WriteError` (its `disk_full` says whether the disk is full) and
+    leaves `path` as it was.
+    """
+    path = Path(path)
+    bad = first_non_finite(state)
+    if bad is not None:
+        raise UserError(
+            f"the {bad} holds NaN or inf values at step {state.get('step', '?')}, so {path.name} was not written "
+            "(the checkpoints already on disk are unchanged); lower train.lr, set train.grad_clip, or use "
+            "train.precision=fp32"
+        )
+    return write_atomically(path, lambda f: torch.save({"format": FORMAT, **state}, f), "checkpoint")
+
+
+def first_non_finite(state: dict[str, Any]) -> str | None:
+    """Where the first NaN or inf of a checkpoint's model or optimizer state is ('model weight X',
+    'optimizer state ...'), or None when every floating-point tensor there is finite."""
+
+    def walk(obj: Any, where: str) -> str | None:
+        if isinstance(obj, torch.Tensor):
+            return where if obj.is_floating_point() and not bool(torch.isfinite(obj).all()) else None
+        items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, (list, tuple)) else ()
+        for k, v in items:
+            if (found := walk(v, f"{where}.{k}")) is not None:
+                return found
+        return None
+
+    for key, label in (("model", "model weight"), ("optimizer", "optimizer state")):
+        if key in state and (found := walk(state[key], "")) is not None:
+            return f"{label} {found.lstrip('.')}"
+    return None
+
+
+def step_path(run_dir: Path, step: int) -> Path:
+    return Path(run_dir) / f"step_{step:07d}.pt"
+
+
+def step_files(run_dir: str | Path) -> list[tuple[int, Path]]:
+    """The run dir's step_*.pt files as (step, path), oldest first."""
+    found = [(int(m.group(1)), p) for p in Path(run_dir).glob("step_*.pt") if (m := STEP_FILE.fullmatch(p.name))]
+    return sorted(found)
+
+
+def write_run_checkpoint(state: dict[str, Any], run_dir: str | Path, keep_last: int) -> Path:
+    """Write step_<step>.pt, point last.pt at it, and delete all but the newest `keep_last` step files."""
+    run_dir = Path(run_dir)
+    path = save_checkpoint(state, step_path(run_dir, int(state["step"])))
+    try:
+        _link_atomically(path, run_dir / "last.pt")
+    except OSError as e:
+        raise write_error(e, run_dir / "last.pt", "checkpoint") from None
+    for _, old in step_files(run_dir)[:-keep_last]:
+        old.unlink(missing_ok=True)
+    return path
+
+
+def _link_atomically(src: Path, dst: Path) -> None:
+    """Make `dst` the same file as `src`: a hard link (a copy where links fail), then os.replace."""
+    tmp = dst.with_name(f".{dst.name}.tmp-{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    try:
+        try:
+            os.link(src, tmp)
+        except OSError:
+            with open(tmp, "wb") as f:
+                f.write(src.read_bytes())
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, dst)
+    finally:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    """The newest checkpoint of a run dir: last.pt, else the highest step_*.pt, else None."""
+    last = Path(run_dir) / "last.pt"
+    if last.is_file():
+        return last
+    steps = step_files(run_dir)
+    return steps[-1][1] if steps else None
+
+
+def remove_stale_temps(run_dir: str | Path) -> list[Path]:
+    """Delete temp files left by a process killed mid-save (never a finished file); call it only
+    while holding the run dir's lock, so no live process is writing them."""
+    stale = [p for p in Path(run_dir).glob(".*.tmp-*") if p.is_file()]
+    for p in stale:
+        p.unlink(missing_ok=True)
+    return stale
+
+
+def plain_state_dict(state: dict[str, Any]) -> dict[str, Any]:
+    """A model state dict without torch.compile's key prefix, so compiled and plain models share checkpoints."""
+    return {(k[len(COMPILE_PREFIX) :] if k.startswith(COMPILE_PREFIX) else k): v for k, v in state.items()}
+
+
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """Read a vitmask checkpoint, or raise a UserError that says what is wrong with the file."""
+    path = Path(path)
+    if path.is_dir():
+        raise UserError(f"checkpoint {path} is a folder; pass a .pt file in it, such as {path / 'last.pt'}")
+    if path.exists() and not path.is_file():
+        raise UserError(f"checkpoint {path} is not a regular file; pass the last.pt (or another .pt) of a run dir")
+    if not path.is_file():
+        raise UserError(f"checkpoint not found: {path}; pass the last.pt (or another .pt) of a vitmask run dir")
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+        if head != b"PK\x03\x04":  # torch.save's zip format, the only one vitmask writes
+            raise ValueError("not a PyTorch zip file: empty, truncated at the start, or not a checkpoint")
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as e:  # torch raises many types for a file that is not a safe checkpoint
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else e.__class__.__name__
+        raise UserError(
+            f"cannot read checkpoint {path} ({reason[:120]}); pass a .pt file written by vitmask train"
+        ) from None
+    found = state.get("format") if isinstance(state, dict) else None
+    if isinstance(found, str) and found.startswith("vitmask-checkpoint/") and found != FORMAT:
+        raise UserError(
+            f"checkpoint {path} was written by another version of vitmask (format {found}; this one reads {FORMAT}); "
+            "use that version, or a checkpoint of this one"
+        )
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise UserError(
+            f"{path} is not a vitmask checkpoint (no '{FORMAT}' marker); pass a .pt written by vitmask train"
+        )
+    for key in ("model", "config"):
+        if key not in state:
+            raise UserError(
+                f"checkpoint {path} has no '{key}' entry; pass a complete checkpoint written by vitmask train"
+            )
+    model = state["model"]
+    if not isinstance(model, dict) or not all(isinstance(k, str) and torch.is_tensor(v) for k, v in model.items()):
+        raise UserError(f"checkpoint {path} is damaged: its 'model' entry is not a dict of tensors; {OTHER_CHECKPOINT}")
+    if not isinstance(state["config"], dict):
+        raise UserError(f"checkpoint {path} is damaged: its 'config' entry is not a mapping; {OTHER_CHECKPOINT}")
+    bad = first_non_finite(state)
+    if bad is not None:
+        raise UserError(
+            f"checkpoint {path} holds NaN or inf values ({bad}); it cannot be evaluated or resumed; "
+            "use an earlier checkpoint of the run (step_*.pt)"
+        )
+    return state
+
+
+OTHER_CHECKPOINT = "use another checkpoint of the run (step_*.pt) or one written by this version of vitmask"
+
+# what resuming needs beyond the model and config: entry -> (type, what it must be)
+RESUME_ENTRIES = {
+    "optimizer": (dict, "a dict"),
+    "sampler": (dict, "a dict"),
+    "rng": (dict, "a dict"),
+    "step": (int, "an integer"),
+    "best_val_loss": ((int, float), "a number"),
+}
+
+
+def check_resumable(state: dict[str, Any], path: str | Path) -> None:
+    """Raise a one-line UserError when a checkpoint lacks an entry a resume needs, or has one of
+    the wrong type (a damaged file, or one from another version of vitmask)."""
+    for key, (kind, what) in RESUME_ENTRIES.items():
+        if key not in state:
+            raise UserError(f"checkpoint {path} has no '{key}' entry, so it cannot be resumed; {OTHER_CHECKPOINT}")
+        value = state[key]
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise UserError(
+                f"checkpoint {path} is damaged: '{key}' is {type(value).__name__}, not {what}; {OTHER_CHECKPOINT}"
+            )
+    if state["step"] < 0:
+        raise UserError(f"checkpoint {path} is damaged: its step is {state['step']}; {OTHER_CHECKPOINT}")
+    if state["best_val_loss"] != state["best_val_loss"]:  # NaN: no later loss would ever count as better
+        raise UserError(f"checkpoint {path} is damaged: its best_val_loss is NaN; {OTHER_CHECKPOINT}")
+    sched = state.get("scheduler", {})
+    lrs = sched.get("base_lrs", []) if isinstance(sched, dict) else None
+    if (
+        not isinstance(sched, dict)
+        or not isinstance(sched.get("last_epoch", 0), int)
+        or not isinstance(lrs, list)
+        or not all(isinstance(v, (int, float)) for v in lrs)
+    ):
+        raise UserError(f"checkpoint {path} is damaged: its 'scheduler' entry is not a schedule; {OTHER_CHECKPOINT}")
+    if not isinstance(state.get("scaler", {}), dict):
+        raise UserError(f"checkpoint {path} is damaged: its 'scaler' entry is not a dict; {OTHER_CHECKPOINT}")
+
+
+def describe_load_failure(e: BaseException, path: str | Path) -> UserError:
+    """A one-line UserError for a checkpoint whose entries do not load into the trainer."""
+    os_err = os_error_in(e)
+    why = str(os_err or e).strip().splitlines()[0][:160] if str(os_err or e).strip() else e.__class__.__name__
+    return UserError(f"checkpoint {path} is damaged or from another version ({why}); {OTHER_CHECKPOINT}")
+
+
+def check_model_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Raise a UserError naming the keys where `state` does not fit `model`."""
+    own = model.state_dict()
+    missing = [k for k in own if k not in state]
+    unexpected = [k for k in state if k not in own]
+    shapes = [
+        f"{k} {tuple(state[k].shape)} vs {tuple(v.shape)}"
+        for k, v in own.items()
+        if k in state and state[k].shape != v.shape
+    ]
+    if missing or unexpected or shapes:
+        parts = []
+        if shapes:
+            parts.append("shape mismatch: " + "; ".join(shapes[:4]))
+        if missing:
+            parts.append("missing: " + ", ".join(missing[:4]))
+        if unexpected:
+            parts.append("unexpected: " + ", ".join(unexpected[:4]))
+        raise UserError(
+            "checkpoint does not fit this model (" + " | ".join(parts) + "); resume with the config it was trained with"
+        )
+
+
+def load_model_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Load a checkpoint's model state dict into `model`: compile prefix stripped, checked to fit."""
+    state = plain_state_dict(state)
+    check_model_state(model, state)
+    model.load_state_dict(state)
+
+
+def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    """Load a checkpoint's optimizer state, or raise a UserError when it does not fit this run."""
+    try:
+        optimizer.load_state_dict(state)
+    except (ValueError, KeyError) as e:
+        raise UserError(
+            f"the checkpoint's optimizer state does not fit this run ({e}); resume with the config it was trained with"
+        ) from None
+
+
+def checkpoint_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """The config a checkpoint was trained with, `overrides` applied (no model is built)."""
+    return config_of(load_checkpoint(path), path, overrides)
+
+
+def config_of(state: dict[str, Any], path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """The config of a checkpoint already read, `overrides` applied; a stored config this version
+    cannot build (an unknown key, a value out of range) is one line naming the file."""
+    try:
+        config_from_dict(state["config"])
+    except UserError as e:
+        raise UserError(f"checkpoint {path} holds a config this version cannot use ({e})") from None
+    return config_from_dict(state["config"], overrides)
+
+
+class LoadedModel(NamedTuple):
+    model: MaskedPatchViT  # in eval mode, on the device asked for
+    config: Config
+    state: dict[str, Any]  # the whole checkpoint, as read
+
+
+def load_model(path: str | Path, device: torch.device | str = "cpu") -> LoadedModel:
+    """The model of a checkpoint file, with its config and the raw checkpoint, ready to predict."""
+    state = load_checkpoint(path)
+    cfg = config_of(state, path)
+    model = build_model(cfg)
+    try:
+        load_model_state(model, state["model"])
+    except (RuntimeError, TypeError, ValueError) as e:  # entries of the right shape but not loadable
+        raise describe_load_failure(e, path) from None
+    return LoadedModel(model.to(device).eval(), cfg, state)

@@ -1,0 +1,220 @@
+"""Device, precision, compilation and randomness, decided once per process (`prepare_process`).
+
+Precision: fp32 runs as is; bf16 runs the forward pass under `torch.autocast`; fp16 adds a
+`GradScaler` and needs CUDA. On CPU the autocast context is `nullcontext()` for fp32, so no
+`torch.cuda` call is made on a CPU path. bf16 on a CPU without bf16 instructions (AVX2 only) gets
+a warning: torch emulates it there, about 100x slower than fp32 (docs/benchmarks.md). `auto` is
+bf16 where the device runs bf16 matmuls natively (a CUDA GPU with bf16; a CPU with AVX512_BF16 or
+AMX, where one takes about half the fp32 time) and fp32 elsewhere, decided once per process and
+device type (`precision_on`); the config keeps `auto`, the run's first line says what it ran.
+"""
+
+import contextlib
+import ctypes
+import ctypes.util
+import functools
+import os
+import random
+import shutil
+import time
+
+import numpy as np
+import torch
+
+from vitmask.config import Config
+from vitmask.errors import UserError, warn
+from vitmask.runtime.distributed import World, check_batch
+
+DEVICES = ("auto", "cpu", "cuda")
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def resolve_device(name: str) -> torch.device:
+    """auto -> cuda when available, else cpu. Asking for cuda without one is a user error."""
+    if name not in DEVICES:
+        raise UserError(f"unknown device '{name}'; use one of {', '.join(DEVICES)}")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda was asked for, but torch sees no CUDA GPU here; use --device cpu or auto")
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(name)
+
+
+def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
+    """The context the forward pass runs in: autocast for bf16/fp16, nothing for fp32 (auto: either)."""
+    precision = precision_on(precision, device)
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=DTYPES[precision])
+
+
+BF16_TOO_SLOW = 4.0  # bf16/fp32 time of one matmul above which a CPU is taken to emulate bf16
+
+
+def cpu_bf16_slowdown(size: int = 256, repeats: int = 5) -> float:
+    """How many times longer one size x size matmul takes in bf16 than in fp32 here (best of `repeats`
+    each, a few ms in all): about 0.5 on a CPU with bf16 instructions (AVX512_BF16 or AMX), about 100
+    on one that emulates them."""
+    a = torch.randn(size, size)
+    best = []
+    for dtype in (torch.float32, torch.bfloat16):
+        x = a.to(dtype)
+        x @ x  # the first call pays for dispatch and packing
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            x @ x
+            times.append(time.perf_counter() - start)
+        best.append(min(times))
+    return best[1] / best[0]
+
+
+def precision_on(precision: str, device: torch.device) -> str:
+    """The precision a run uses on `device`: `precision` itself, or what `auto` resolves to there."""
+    return auto_precision(device.type) if precision == "auto" else precision
+
+
+@functools.cache
+def auto_precision(device_type: str) -> str:
+    """train.precision=auto on a device type: bf16 where its bf16 matmuls are native (CUDA with bf16
+    support; a CPU where one takes less time than in fp32), else fp32. Timed once per process."""
+    if device_type == "cuda":
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
+    if device_type == "cpu":
+        return "bf16" if cpu_bf16_slowdown() < 1.0 else "fp32"
+    return "fp32"
+
+
+def check_precision(precision: str, device: torch.device) -> None:
+    if precision == "bf16" and device.type == "cpu" and (slowdown := cpu_bf16_slowdown()) > BF16_TOO_SLOW:
+        warn(
+            f"train.precision=bf16: this CPU runs bf16 matmuls {slowdown:.0f}x slower than fp32 (it has no "
+            "bf16 instructions, so torch emulates them); --set train.precision=fp32 trains far faster here"
+        )
+    if precision == "fp16" and device.type != "cuda":
+        raise UserError(
+            "train.precision=fp16 needs a CUDA GPU (fp16 autocast with a GradScaler); "
+            "on CPU use --set train.precision=bf16 or fp32"
+        )
+    if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise UserError("train.precision=bf16 is not supported by this GPU; use --set train.precision=fp16 or fp32")
+
+
+def grad_scaler(precision: str, device: torch.device) -> torch.amp.GradScaler:
+    """A GradScaler that scales only for fp16; for fp32/bf16 it is disabled and passes through."""
+    return torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+
+
+def check_compile(device: torch.device) -> None:
+    """Raise a UserError when torch.compile cannot work here (before any compilation is tried)."""
+    if not torch._dynamo.is_dynamo_supported():
+        raise UserError("train.compile=true, but torch.compile is not supported here; use --set train.compile=false")
+    if device.type == "cpu":
+        from torch._inductor import config as inductor_config
+
+        candidates = [c for c in inductor_config.cpp.cxx if c]
+        if not any(shutil.which(c) for c in candidates):
+            raise UserError(
+                f"train.compile=true on CPU needs a C++ compiler ({', '.join(candidates)}) and none was found; "
+                "install one, set CXX, or use --set train.compile=false"
+            )
+
+
+M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # glibc mallopt parameters (malloc.h)
+ALLOCATOR_ENV = ("GLIBC_TUNABLES", "LD_PRELOAD")  # besides every MALLOC_* variable
+_allocator_tuned = False
+
+
+def keep_freed_memory() -> bool:
+    """Make glibc malloc keep freed memory in the process instead of handing it back to the OS.
+
+    By default glibc serves every block over its mmap threshold (128 KB, rising to at most 32 MB)
+    with a fresh mmap and unmaps it on free, so each training step page-faults its activations in
+    again (a (B, H, N, N) bf16 score tensor at batch 128 is 67 MB). On the 2-core VM of
+    docs/benchmarks.md this costs up to 2x in attention and 1.2-1.4x per step. Blocks now come
+    from the heap and are reused by the next step, so the peak does not grow, but the process
+    keeps its peak resident until it exits. Skipped when the user has chosen an allocator
+    setting (any MALLOC_* variable, GLIBC_TUNABLES or LD_PRELOAD set), or libc is not glibc.
+    Returns whether the setting was applied.
+    """
+    global _allocator_tuned
+    if _allocator_tuned:
+        return True
+    if any(os.environ.get(k) for k in ALLOCATOR_ENV) or any(k.startswith("MALLOC_") for k in os.environ):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # not glibc (macOS, musl without mallopt)
+        return False
+    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+    _allocator_tuned = bool(mallopt(M_MMAP_MAX, 0)) and bool(mallopt(M_TRIM_THRESHOLD, 2**31 - 1))
+    return _allocator_tuned
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's, NumPy's and torch's generators (torch.manual_seed seeds CUDA too)."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def set_deterministic(on: bool) -> None:
+    """Ask torch for deterministic algorithms (and cuBLAS for a fixed workspace) when `on`."""
+    if on:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(on)
+    torch.backends.cudnn.benchmark = False
+
+
+def rng_state() -> dict:
+    """The global RNG states, as plain data for a checkpoint."""
+    py = random.getstate()
+    np_state = np.random.get_state()
+    state = {
+        "torch": torch.get_rng_state(),
+        "python": list(py[1]),
+        "python_pos": py[2],
+        "numpy": torch.from_numpy(np_state[1].astype(np.int64)),
+        "numpy_pos": int(np_state[2]),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate((3, tuple(state["python"]), state["python_pos"]))
+    if "numpy" in state:
+        np.random.set_state(("MT19937", state["numpy"].numpy().astype(np.uint32), state["numpy_pos"], 0, 0.0))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def prepare_process(cfg: Config, device: torch.device, world: World) -> None:
+    """Check that a training run can work here, then set the process-wide state it needs before its
+    model is built: glibc keeping freed memory (CPU), deterministic algorithms, every RNG seeded."""
+    t = cfg.train
+    check_precision(t.precision, device)
+    if t.precision == "auto" and world.main:
+        print(f"train.precision=auto: {precision_on(t.precision, device)} on this {device.type}")
+    if device.type == "cpu":
+        keep_freed_memory()  # no page faults on every step's activations
+    check_batch(cfg.data.batch_size, t.accum_steps, world)
+    if t.compile:
+        check_compile(device)
+    set_deterministic(t.deterministic)
+    seed_everything(cfg.seed)
+
+
+@contextlib.contextmanager
+def compile_failure_as_user_error():
+    """Around the first compiled step: an error raised while torch.compile builds it becomes a UserError."""
+    try:
+        yield
+    except UserError:
+        raise
+    except Exception as e:  # inductor raises many types when it cannot build a kernel
+        reason = str(e).strip().splitlines()[0][:160] if str(e).strip() else e.__class__.__name__
+        raise UserError(f"torch.compile failed on the first step ({reason}); use --set train.compile=false") from None

@@ -1,0 +1,135 @@
+"""Reporting a training run: the numbers the trainer hands over become console lines, TensorBoard
+scalars and images, and the hparams table. The trainer computes; the reporter formats and writes.
+
+- Training windows (`train`): the masked-patch metrics of the window (metrics.SCALARS: loss, acc,
+  acc_nonempty, bit_acc) as `train/<name>`, plus `train/lr`, `train/grad_norm`,
+  `train/images_per_s` (timed here, from one window to the next) and on CUDA `train/peak_mem_gib`;
+  on the console one line per window, or the loss beside a progress bar on a terminal.
+- Evaluations (`validation`): `val/<name>` for the same metrics, the reconstruction grid as
+  `val/reconstruction`, and one console line with the majority-class accuracy beside them.
+- Online probes (`probe`, every `train.probe_every` steps): `probe/knn_acc` and `probe/linear_acc`
+  as probe.OnlineProbe gives them, and one console line.
+- At the end (`hparams`): every config key as `section.key` beside `hparam/val_<name>` and
+  `hparam/best_val_loss`, to compare runs side by side.
+
+Only rank 0 reports (`main`); the other ranks' reporters stay silent.
+"""
+
+import sys
+import time
+from collections.abc import Callable
+
+import torch
+from tqdm import tqdm
+
+from vitmask import outputs
+from vitmask.config import Config
+from vitmask.evaluate.metrics import SCALARS
+from vitmask.train.loggers import NullLogger
+
+
+def flat_hparams(cfg: Config) -> dict[str, int | float | str | bool]:
+    """Every config key as `section.key` (top-level keys as they are), in values TensorBoard takes."""
+    raw = cfg.to_dict()
+    hparams = {}
+    for section in ("train", "model", "mask", "data"):
+        hparams.update({f"{section}.{k}": v for k, v in raw.pop(section).items()})
+    hparams.update(raw)
+    # TensorBoard takes scalars and strings only: lists (ranges) and None become text
+    return {k: v if isinstance(v, (int, float, str, bool)) else str(v) for k, v in hparams.items()}
+
+
+class Reporter:
+    def __init__(self, cfg: Config, logger=None, device: torch.device | None = None, main: bool = True):
+        self.cfg = cfg
+        self.logger = logger or NullLogger()
+        self.device = device or torch.device("cpu")
+        self.main = main
+        self.progress = False
+        self.bar = tqdm(disable=True)
+        self.stdout_closed = False  # the reader of stdout went away (`vitmask train | head`)
+        self._window_start = time.perf_counter()
+
+    def start(self, step: int, progress: bool | None = None) -> None:
+        """The loop starts at `step`: a progress bar when `progress` (default: stdout is a terminal)."""
+        self.progress = sys.stdout.isatty() and self.main if progress is None else progress
+        t = self.cfg.train
+        self.bar = tqdm(total=t.max_steps, initial=step, disable=not self.progress, file=sys.stdout, desc="train")
+        self._window_start = time.perf_counter()
+
+    def advance(self) -> None:
+        """One step done."""
+        self.bar.update(1)
+
+    def end(self) -> None:
+        """The loop is over (or stopped): close the progress bar."""
+        self.bar.close()
+
+    def train(self, step: int, metrics: dict[str, float], grad_norm: float, lr: float, images: int) -> None:
+        """A training window: `metrics` as MaskedPatchMetrics.read gives them, the mean gradient norm,
+        the lr of the last step and the images trained on since the last window."""
+        now = time.perf_counter()
+        scalars = {f"train/{k}": metrics[k] for k in SCALARS}
+        scalars["train/lr"] = lr
+        scalars["train/grad_norm"] = grad_norm
+        scalars["train/images_per_s"] = images / max(now - self._window_start, 1e-9)
+        if self.device.type == "cuda":
+            scalars["train/peak_mem_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
+        self._window_start = now
+        if not self.main:
+            return
+        self.logger.log(scalars, step)
+        if self.progress:
+            self.bar.set_postfix(loss=f"{scalars['train/loss']:.4f}")
+            return
+        self._say(
+            f"step {step}/{self.cfg.train.max_steps}  loss {scalars['train/loss']:.5f}"
+            f"  acc {scalars['train/acc']:.4f}  lr {lr:.3e}  grad norm {grad_norm:.3f}"
+            f"  {scalars['train/images_per_s']:.0f} img/s"
+        )
+
+    def validation(self, step: int, val: dict, grid: Callable[[], torch.Tensor]) -> None:
+        """An evaluation: `val` as `evaluate` gives it; `grid` draws the reconstruction grid (rank 0 only)."""
+        if not self.main:
+            return
+        self.logger.log({f"val/{k}": val[k] for k in SCALARS}, step)
+        self.logger.log_image("val/reconstruction", grid(), step)
+        line = (
+            f"step {step}/{self.cfg.train.max_steps}  val loss {val['loss']:.4f}  acc {val['acc']:.4f}"
+            f"  non-empty acc {val['acc_nonempty']:.4f}  (majority {val['majority_acc']:.4f})"
+        )
+        self._say(line)
+
+    def probe(self, step: int, accuracies: dict[str, float]) -> None:
+        """An online probe: `accuracies` as probe.OnlineProbe gives them ({"probe/knn_acc", "probe/linear_acc"})."""
+        if not self.main:
+            return
+        self.logger.log(accuracies, step)
+        line = (
+            f"step {step}/{self.cfg.train.max_steps}  probe on val: k-NN acc {accuracies['probe/knn_acc']:.4f}"
+            f"  linear acc {accuracies['probe/linear_acc']:.4f}"
+        )
+        self._say(line)
+
+    def _say(self, line: str) -> None:
+        """One console line. If stdout's reader has gone, say nothing more (stdout -> /dev/null, so the
+        interpreter's last flush is quiet) and set `stdout_closed`: the trainer stops as for a signal."""
+        if self.stdout_closed:
+            return
+        try:
+            self.bar.write(line, file=sys.stdout)
+            sys.stdout.flush()
+        except BrokenPipeError:
+            self.stdout_closed = True
+            outputs.mute_stdout()
+
+    def hparams(self, val: dict, best_val_loss: float, step: int) -> None:
+        """The run's config beside its final validation metrics, once, at the last step."""
+        if not self.main:
+            return
+        metrics = {f"hparam/val_{k}": val[k] for k in SCALARS if k in val}
+        metrics["hparam/best_val_loss"] = best_val_loss
+        self.logger.log_hparams(flat_hparams(self.cfg), metrics, step)
+
+    def close(self) -> None:
+        self.logger.close()

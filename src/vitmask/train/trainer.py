@@ -1,0 +1,220 @@
+"""The trainer: one model, its optimizer and schedule, one batch sampler, the step and the loop.
+
+`Trainer.state_dict()` is the whole state of a run (model, optimizer, schedule, grad scaler, step,
+best validation loss, every RNG state, the config), so a run resumes exactly from any checkpoint.
+The step does no host sync: its metrics are summed on the device (metrics.py), a non-finite loss
+is recorded there (divergence.py), and both are read on logging steps and before checkpoints.
+
+Everything else is a component: process setup (process.prepare_process), validation and the
+reconstruction grid (validation.py), checkpoint cadence and best.pt (checkpointer.py), console
+lines, TensorBoard and hparams (report.py), SIGINT/SIGTERM (signals.py), the online probe every
+`train.probe_every` steps beside validation (probe.OnlineProbe, given by the runner on rank 0).
+
+Shapes: B batch, M masked patches per image, C token classes.
+"""
+
+import contextlib
+import math
+import signal
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from vitmask.config import Config
+from vitmask.data.batches import Batch, BatchSampler
+from vitmask.evaluate.metrics import MaskedPatchMetrics
+from vitmask.model.vit import build_model
+from vitmask.runs.checkpoint import load_model_state, load_optimizer_state
+from vitmask.runs.saving import Checkpointer
+from vitmask.runtime import distributed, process
+from vitmask.runtime.distributed import World
+from vitmask.signals import StopSignals, interrupted
+from vitmask.train.divergence import DivergenceWatch
+from vitmask.train.optim import build_optimizer, build_scheduler
+from vitmask.train.report import Reporter
+from vitmask.train.validation import Validator
+
+
+def masked_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy over masked patches: logits (B, M, C), targets (B, M) -> scalar."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+
+class Trainer:
+    def __init__(
+        self, cfg: Config, splits: dict[str, torch.Tensor], device: torch.device, logger=None, world=None, probe=None
+    ):
+        self.world: World = world or World()
+        process.prepare_process(cfg, device, self.world)  # checks, then seeds: before the model is built
+        self.cfg, self.device, t = cfg, device, cfg.train
+        self.probe = probe  # probe.OnlineProbe, run every train.probe_every steps (rank 0), or None
+        self.model = build_model(cfg).to(device)  # the plain module: state dicts and evaluation use it
+        self.optimizer = build_optimizer(self.model, t)
+        self.scheduler = build_scheduler(self.optimizer, t)
+        self.scaler = process.grad_scaler(t.precision, device)
+        self.ddp = distributed.data_parallel(self.model, device, self.world)  # None in a world of one
+        net = self.ddp if self.ddp is not None else self.model
+        self.net = torch.compile(net) if t.compile else net  # what the training step calls
+        # under a ratio schedule M changes from batch to batch: compile the step for any M at once,
+        # not first for the M of batch 1 and again when the second differs (28 s of a cold start)
+        self.any_masked_count = t.compile and cfg.mask.ratio_schedule != "fixed"
+        self.sampler = BatchSampler(splits["train"].to(device), cfg, self.world.rank, self.world.size)
+        self.validator = Validator(cfg, splits, device)
+        self.reporter = Reporter(cfg, logger, device, main=self.world.main)
+        self.divergence = DivergenceWatch(device)
+        self.step = 0
+        self.train_metrics = MaskedPatchMetrics(cfg.data.num_classes, device)  # since the last log
+        self._grad_norm_sum = torch.zeros((), device=device)  # since the last log
+        self._steps_since_log = 0
+        self._lr = t.lr  # the lr of the last step (a Python float)
+        self.run_id: str | None = None  # the run's id, saved in every checkpoint (rundir.py)
+        self._stepped = False  # whether a step has run in this process (a compiled one compiles)
+
+    # ---- one step ---------------------------------------------------------------------------
+    def train_step(self, batch: Batch) -> dict[str, torch.Tensor]:
+        """One optimisation step over `batch` (this rank's shard), in `train.accum_steps` micro-batches."""
+        t = self.cfg.train
+        self.net.train()
+        micro = batch.split(t.accum_steps)
+        losses, preds = [], []
+        for i, mb in enumerate(micro):
+            last = i == len(micro) - 1
+            sync = self.ddp.no_sync() if self.ddp is not None and not last else contextlib.nullcontext()
+            with sync:
+                if self.any_masked_count:
+                    torch._dynamo.maybe_mark_dynamic(mb.ids, 1)  # M: a size of the graph, not a constant
+                with process.autocast(t.precision, self.device):
+                    logits = self.net(mb.patches, mb.mask, mb.ids)  # (b, M, C)
+                loss = masked_loss(logits, mb.masked_targets)
+                self.scaler.scale(loss / len(micro)).backward()
+            losses.append(loss.detach())
+            preds.append(logits.detach().argmax(-1))  # (b, M)
+        self.scaler.unscale_(self.optimizer)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.grad_clip or math.inf)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        self._lr = self.scheduler.get_last_lr()[0]
+        self.scheduler.step()
+        self.step += 1
+
+        loss = torch.stack(losses).mean()
+        pred, targets = torch.cat(preds), batch.masked_targets  # (B, M), (B, M)
+        self.divergence.record(loss, self.step)
+        self.train_metrics.add(pred, targets, loss * targets.numel())  # the step's mean loss over its patches
+        self._grad_norm_sum += grad_norm
+        self._steps_since_log += 1
+        return {"loss": loss, "acc": (pred == targets).float().mean(), "grad_norm": grad_norm}
+
+    def evaluate(self, max_batches: int | None = None, ratio: float | None = None) -> dict[str, float]:
+        """Validation metrics at `ratio` (default mask.ratio) on train.eval_batches (or max_batches) batches."""
+        return self.validator.evaluate(self.model, max_batches, ratio)
+
+    # ---- state ------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "sampler": self.sampler.state_dict(),
+            "rng": process.rng_state(),
+            "step": self.step,
+            "best_val_loss": self.validator.best_loss,
+            "majority_class": self.validator.majority_class,
+            "config": self.cfg.to_dict(),
+            "run_id": self.run_id,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        load_model_state(self.model, state["model"])
+        load_optimizer_state(self.optimizer, state["optimizer"])
+        if "scheduler" in state:
+            self.scheduler.load_state_dict(state["scheduler"])
+        if state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+        self.sampler.load_state_dict(state["sampler"])
+        process.set_rng_state(state["rng"])
+        self.step = int(state["step"])
+        self.validator.best_loss = float(state["best_val_loss"])
+
+    # ---- the loop ---------------------------------------------------------------------------
+    def fit(self, run_dir: Path | None = None, progress: bool | None = None) -> dict[str, float]:
+        """Train until train.max_steps; validate, log and checkpoint on the configured cadence."""
+        t = self.cfg.train
+        checkpointer = Checkpointer(run_dir, t, self.world)
+        self.reporter.start(self.step, progress)
+        val: dict[str, float] = {}
+        with StopSignals() as stop:
+            while self.step < t.max_steps:
+                self._run_step()
+                self.reporter.advance()
+                last = self.step == t.max_steps
+                if self.step % t.log_every == 0 or last:
+                    self._log_train()
+                if self.step % t.eval_every == 0 or last:
+                    val = self._validate(checkpointer)
+                if self.probe is not None and (self.step % t.probe_every == 0 or last):
+                    self._probe()
+                saved = checkpointer.due(self.step)
+                if saved:
+                    self._save(checkpointer)
+                if distributed.any_rank(stop.received is not None or self.reporter.stdout_closed, self.world):
+                    self._stop(self._stop_cause(stop), checkpointer, saved)
+        self.reporter.end()
+        if not val:
+            val = self.evaluate()
+        self.reporter.hparams(val, self.validator.best_loss, self.step)
+        return val
+
+    def _run_step(self) -> None:
+        """One step of the loop; with train.compile, a failure to compile the first one is a UserError."""
+        batch = self.sampler.sample()
+        first_compiled = self.cfg.train.compile and not self._stepped
+        self._stepped = True
+        with process.compile_failure_as_user_error() if first_compiled else contextlib.nullcontext():
+            self.train_step(batch)
+
+    def _log_train(self) -> None:
+        metrics = self.train_metrics.read(self.world)  # the host sync, on logging steps only
+        grad_norm = float(self._grad_norm_sum) / self._steps_since_log  # the same on every rank under DDP
+        self.divergence.check(self.world)
+        images = self._steps_since_log * self.cfg.data.batch_size
+        self.reporter.train(self.step, metrics, grad_norm, self._lr, images)
+        self.train_metrics.reset()
+        self._grad_norm_sum.zero_()
+        self._steps_since_log = 0
+
+    def _validate(self, checkpointer: Checkpointer) -> dict[str, float]:
+        self.divergence.check(self.world)
+        val = self.evaluate()
+        self.reporter.validation(self.step, val, lambda: self.validator.reconstruction(self.model))
+        if self.validator.improved(val):
+            checkpointer.save_best(self.state_dict)
+        return val
+
+    def _probe(self) -> None:
+        """The online probe's accuracies on val (probe.OnlineProbe), to the reporter."""
+        self.reporter.probe(self.step, self.probe(self.model))
+
+    def _save(self, checkpointer: Checkpointer) -> Path:
+        """Check the loss stayed finite, then write step_<step>.pt and last.pt."""
+        self.divergence.check(self.world)
+        return checkpointer.save(self.state_dict)
+
+    def _stop_cause(self, stop: StopSignals) -> int:
+        """The signal a stop is reported as: the one received, SIGPIPE for a closed stdout, or SIGTERM
+        (another rank's)."""
+        if stop.received is not None:
+            return stop.received
+        return signal.SIGPIPE if self.reporter.stdout_closed else signal.SIGTERM
+
+    def _stop(self, signum: int, checkpointer: Checkpointer, saved: bool) -> None:
+        """After a signal: write a checkpoint (unless this step did) and raise Interrupted."""
+        self.reporter.end()
+        path = None if checkpointer.run_dir is None else checkpointer.last if saved else self._save(checkpointer)
+        raise interrupted(signum, self.step, checkpointer.run_dir, path)
+
+    def close(self) -> None:
+        self.reporter.close()
