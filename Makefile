@@ -29,6 +29,7 @@ test: install
 lint: install
 	$(PY) -m ruff check src tests scripts
 	$(PY) -m ruff format --check src tests scripts
+	$(PY) scripts/check_imports.py
 
 format: install
 	$(PY) -m ruff format src tests scripts

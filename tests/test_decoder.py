@@ -17,8 +17,10 @@ from vitmask.config import Config, DataConfig, MaskConfig, ModelConfig, config_f
 from vitmask.data.masking import random_mask, visible_ids
 from vitmask.errors import UserError
 from vitmask.model.decoder import CrossAttention
+from vitmask.model.layers import gather_tokens, split_heads
 from vitmask.model.params import format_table
-from vitmask.model.vit import apply_rope, build_model, gather_rope, gather_tokens, rope_2d_angles, split_heads
+from vitmask.model.positions import apply_rope, gather_rope, rope_2d_angles
+from vitmask.model.vit import build_model
 from vitmask.runs.checkpoint import load_model, save_checkpoint
 from vitmask.train.optim import param_groups
 

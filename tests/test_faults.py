@@ -31,10 +31,10 @@ from vitmask.data import sources
 from vitmask.data.imagefile import gray_levels
 from vitmask.data.preprocess import load_image_file
 from vitmask.errors import Stopped, UserError
+from vitmask.model import memory_estimate
 from vitmask.model.vit import build_model
 from vitmask.runs import rundir
 from vitmask.runs.checkpoint import load_checkpoint, save_checkpoint
-from vitmask.runtime import memory
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
 SHORT = {"train": {"max_steps": 4, "eval_every": 2, "checkpoint_every": 2, "log_every": 2}}
@@ -495,14 +495,14 @@ def test_an_allocation_no_estimate_foresaw_is_one_line(trained, capsys, monkeypa
 )
 def test_the_estimate_counts_the_parameters_torch_builds(model):
     cfg = config_from_dict({**TINY, "model": {**TINY["model"], **model}, "mask": {"ratio": 0.5, "fill": "learned"}})
-    assert memory.param_count(cfg) == sum(p.numel() for p in build_model(cfg).parameters())
+    assert memory_estimate.param_count(cfg) == sum(p.numel() for p in build_model(cfg).parameters())
 
 
 def test_a_config_that_cannot_fit_is_refused_before_anything_is_made_with_the_figure(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(memory, "available_bytes", lambda device: 8 * 2**30)
+    monkeypatch.setattr(memory_estimate, "available_bytes", lambda device: 8 * 2**30)
     cfg = write_config(tmp_path / "c.yaml", SHORT)
     overrides = ["data.image_size=256", "data.batch_size=64", "model.attention=explicit"]
-    est = memory.estimate(config_from_dict(TINY, overrides))
+    est = memory_estimate.estimate(config_from_dict(TINY, overrides))
     n = (256 // 2) ** 2  # patches
     assert est.parts[f"attention scores (B, H, N, N) = 64 x 2 x {n} x {n}"] == 2 * 64 * 2 * n * n * 4  # depth 2, fp32
     line = user_error(
@@ -530,7 +530,7 @@ def test_the_estimate_of_auto_precision_is_that_of_what_it_runs(monkeypatch, slo
     monkeypatch.setattr(process, "cpu_bf16_slowdown", lambda: slowdown)
     process.auto_precision.cache_clear()
     try:
-        est = memory.estimate(config_from_dict(TINY, ["train.precision=auto", "data.batch_size=8"]))
+        est = memory_estimate.estimate(config_from_dict(TINY, ["train.precision=auto", "data.batch_size=8"]))
     finally:
         process.auto_precision.cache_clear()
     n = (TINY["data"]["image_size"] // 2) ** 2

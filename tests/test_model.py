@@ -9,7 +9,8 @@ from torch import nn
 
 from tests.conftest import ROOT
 from vitmask.config import Config, ModelConfig, config_from_dict, load_config
-from vitmask.model.vit import Attention, Block, FeedForward, MaskedPatchViT, build_model, merge_heads, split_heads
+from vitmask.model.layers import Attention, Block, FeedForward, merge_heads, split_heads
+from vitmask.model.vit import MaskedPatchViT, build_model
 
 
 def test_ffn_matches_seed_000_forward_and_backward():

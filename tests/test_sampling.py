@@ -17,8 +17,8 @@ from vitmask.config import config_from_dict
 from vitmask.data.masking import random_mask
 from vitmask.data.patches import patches_to_classes, patchify, unpatchify
 from vitmask.errors import UserError
-from vitmask.generate.sampling import DecodeOptions, decode_masked, predict_every_patch, sample_images, unmask_schedule
-from vitmask.model.vit import build_model
+from vitmask.generate.sampling import DecodeOptions, decode_masked, sample_images, unmask_schedule
+from vitmask.model.vit import build_model, predict_every_patch
 
 CHI2_15_DF_0001 = 37.70
 

@@ -10,17 +10,9 @@ import torch
 from tests.conftest import assert_user_error, run_cli
 from vitmask.config import ModelConfig, config_from_dict
 from vitmask.errors import UserError
-from vitmask.model.vit import (
-    Attention,
-    Block,
-    FeedForward,
-    MaskedPatchViT,
-    TokenConv,
-    apply_rope,
-    make_norm,
-    rope_2d_angles,
-    sincos_2d,
-)
+from vitmask.model.layers import Attention, Block, FeedForward, TokenConv, make_norm
+from vitmask.model.positions import apply_rope, rope_2d_angles, sincos_2d
+from vitmask.model.vit import MaskedPatchViT
 
 
 def test_rmsnorm_is_seed_002_formula():

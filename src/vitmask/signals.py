@@ -5,7 +5,9 @@ While `StopSignals` is active, either signal only records itself; the training l
 one line on stderr and exit code 128 + the signal's number (130 for SIGINT, 143 for SIGTERM).
 """
 
+import os
 import signal
+import sys
 import threading
 from pathlib import Path
 
@@ -52,3 +54,13 @@ def interrupted(signum: int, step: int, run_dir: Path | None, checkpoint: Path |
         f"resume with: vitmask train --run-dir {run_dir} --resume auto",
         128 + signum,
     )
+
+
+def early_stop(signum, frame):
+    """The handler from process start until the CLI installs its own (cli/entry.py): one line, exit 128 + signum."""
+    name = signal.Signals(signum).name
+    try:
+        sys.stderr.write(f"vitmask: stopped by {name} during start-up; nothing was written\n")
+        sys.stderr.flush()
+    finally:
+        os._exit(128 + signum)

@@ -26,12 +26,12 @@ except ImportError:  # pragma: no cover - depends on the installed typer
     from typer._click.exceptions import UsageError
 
 from vitmask import outputs
-from vitmask.cli import entry, verbs
+from vitmask.cli import verbs
 from vitmask.config import dump_config
 from vitmask.errors import Stopped, UserError
 from vitmask.outputs import reason
 from vitmask.runtime.memory import is_out_of_memory, out_of_memory
-from vitmask.signals import Interrupted
+from vitmask.signals import Interrupted, early_stop
 
 app = typer.Typer(
     add_completion=False,
@@ -294,7 +294,7 @@ def _signals_raise_stopped():
         yield
     finally:
         for s, h in old.items():  # in the `vitmask` process the command is over: ignore (see entry.py)
-            signal.signal(s, signal.SIG_IGN if h is entry.early_stop else h)
+            signal.signal(s, signal.SIG_IGN if h is early_stop else h)
 
 
 def _flush_stdout() -> None:

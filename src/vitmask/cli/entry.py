@@ -4,22 +4,13 @@ Importing the CLI imports torch, which takes seconds. A SIGINT or SIGTERM in tha
 otherwise end in a long KeyboardInterrupt traceback (or, for SIGTERM, no word at all). Until the
 CLI installs its own handlers, a signal prints one line and exits 130 (SIGINT) or 143 (SIGTERM):
 nothing has been read or written yet, so there is nothing to clean up. Once the command is over,
-the CLI ignores both signals (`cli._signals_raise_stopped`), so one during the interpreter's
+the CLI ignores both signals (`commands._signals_raise_stopped`), so one during the interpreter's
 shut-down cannot turn a finished command into a silent death by signal.
 """
 
-import os
 import signal
-import sys
 
-
-def early_stop(signum, frame):
-    name = signal.Signals(signum).name
-    try:
-        sys.stderr.write(f"vitmask: stopped by {name} during start-up; nothing was written\n")
-        sys.stderr.flush()
-    finally:
-        os._exit(128 + signum)
+from vitmask.signals import early_stop
 
 
 def main() -> None:

@@ -23,13 +23,14 @@ from vitmask.evaluate.probe import online_probe, run_probes
 from vitmask.evaluate.scores import evaluate_split
 from vitmask.generate.inpaint import boxes_to_mask, check_patch_mask, mask_image_to_pixels, parse_box, pixels_to_patches
 from vitmask.generate.sampling import DecodeOptions, decode_masked, sample_images
+from vitmask.model.memory_estimate import check_fits, check_model_fits
 from vitmask.model.params import ParamRow, param_rows
 from vitmask.model.vit import build_model
 from vitmask.outputs import check_out_file, reason, write_atomically, write_text
 from vitmask.runs import rundir
 from vitmask.runs.checkpoint import checkpoint_config, describe_load_failure, load_model
 from vitmask.runtime import distributed
-from vitmask.runtime.memory import check_fits, check_model_fits, is_out_of_memory, out_of_memory
+from vitmask.runtime.memory import is_out_of_memory, out_of_memory
 from vitmask.runtime.process import resolve_device
 from vitmask.train.loggers import TensorBoardLogger
 from vitmask.train.trainer import Trainer

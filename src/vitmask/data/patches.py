@@ -62,3 +62,9 @@ def patch_label(cls: int, p: int) -> str:
     """A class as its pixel rows, e.g. class 9 of a 2x2 patch -> '10/01'."""
     bits = "".join(map(str, classes_to_patches(torch.tensor(cls), p * p).tolist()))
     return "/".join(bits[i : i + p] for i in range(0, len(bits), p))
+
+
+def class_counts(images: torch.Tensor, patch_size: int, num_classes: int) -> torch.Tensor:
+    """(C,) int64 count of each token class over every patch of `images` (n, H, W)."""
+    classes = patches_to_classes(patchify(images, patch_size))  # (n, N)
+    return torch.bincount(classes.flatten(), minlength=num_classes)

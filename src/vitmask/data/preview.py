@@ -16,9 +16,8 @@ from torchvision.utils import make_grid, save_image
 from vitmask.config import Config
 from vitmask.data.batches import SPLITS, eval_batches
 from vitmask.data.masking import num_masked
-from vitmask.data.patches import patch_label, patch_mask_to_pixels
+from vitmask.data.patches import class_counts, patch_label, patch_mask_to_pixels
 from vitmask.errors import UserError
-from vitmask.evaluate.scores import class_counts
 from vitmask.outputs import write_atomically
 
 MASK_TINT = torch.tensor([0.2, 0.45, 1.0])  # masked patches: the pixel's gray level blended with this

@@ -44,7 +44,7 @@ import torch
 
 from vitmask.data.patches import patches_to_classes, patchify
 from vitmask.errors import UserError
-from vitmask.generate.sampling import predict_every_patch
+from vitmask.model.vit import predict_every_patch
 
 MAX_CLASSES = 2**16  # the bound needs the model's softmax over every patch class: 4x4 patches at most
 MAX_ENUMERATED_PATCHES = 16  # enumerated_bound draws 2^N - 1 hidden sets per image

@@ -15,15 +15,9 @@ from tqdm import tqdm
 
 from vitmask.config import Config
 from vitmask.data.batches import eval_batches, eval_strategy
-from vitmask.data.patches import patch_label, patches_to_classes, patchify
+from vitmask.data.patches import patch_label
 from vitmask.evaluate.baselines import LABELS, NAMES, Baselines, fit_baselines
 from vitmask.evaluate.metrics import SCALARS, MaskedPatchMetrics
-
-
-def class_counts(images: torch.Tensor, patch_size: int, num_classes: int) -> torch.Tensor:
-    """(C,) int64 count of each token class over every patch of `images` (n, H, W)."""
-    classes = patches_to_classes(patchify(images, patch_size))  # (n, N)
-    return torch.bincount(classes.flatten(), minlength=num_classes)
 
 
 @torch.inference_mode()

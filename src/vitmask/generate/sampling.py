@@ -33,6 +33,7 @@ import torch
 
 from vitmask.data.patches import classes_to_patches, patches_to_classes, patchify, unpatchify
 from vitmask.errors import UserError
+from vitmask.model.vit import predict_every_patch
 
 ORDERS = ("confidence", "random")
 
@@ -86,29 +87,6 @@ def unmask_schedule(num_hidden: torch.Tensor, steps: int) -> torch.Tensor:
     for m, ks in per_count.items():
         table[: len(ks), counts == m] = torch.tensor(ks, dtype=torch.long).unsqueeze(1)
     return table
-
-
-def predict_every_patch(model: torch.nn.Module, patches: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """patches (B, N, P), mask (B, N) True = hidden, any count per row -> model(patches, mask): (B, N, C).
-
-    An encoder-decoder model (model.decoder self | cross) gathers each row's visible patches into
-    one dense tensor, so one call needs the same hidden count in every row: rows are grouped by
-    count, one call per distinct count (a host sync; never in a training step). The single-stack
-    model takes any mask in one call.
-    """
-    if getattr(model, "decoder", None) is None:
-        return model(patches, mask)  # (B, N, C)
-    counts = mask.sum(1)  # (B,)
-    distinct = counts.unique()
-    if len(distinct) == 1:
-        return model(patches, mask)  # (B, N, C)
-    out = None
-    for m in distinct:
-        rows = (counts == m).nonzero().squeeze(1)  # (b,)
-        logits = model(patches[rows], mask[rows])  # (b, N, C)
-        out = logits.new_empty(*mask.shape, logits.shape[-1]) if out is None else out  # (B, N, C)
-        out[rows] = logits
-    return out
 
 
 def gumbel(shape: tuple[int, ...], generator: torch.Generator | None, device: torch.device) -> torch.Tensor:

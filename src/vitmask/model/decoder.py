@@ -32,19 +32,8 @@ import torch
 from torch import nn
 
 from vitmask.config import ModelConfig
-from vitmask.model.vit import (
-    Attention,
-    Block,
-    FeedForward,
-    apply_rope,
-    attend,
-    gather_rope,
-    make_norm,
-    merge_heads,
-    rope_2d_angles,
-    sincos_2d,
-    split_heads,
-)
+from vitmask.model.layers import Attention, Block, FeedForward, attend, make_norm, merge_heads, split_heads
+from vitmask.model.positions import apply_rope, gather_rope, rope_2d_angles, sincos_2d
 
 Rope = tuple[torch.Tensor, torch.Tensor]
 

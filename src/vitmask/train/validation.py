@@ -16,7 +16,8 @@ import torch
 from vitmask.config import Config
 from vitmask.data.batches import Batch, make_batch
 from vitmask.data.masking import num_masked, random_mask
-from vitmask.evaluate.scores import class_counts, evaluate
+from vitmask.data.patches import class_counts
+from vitmask.evaluate.scores import evaluate
 from vitmask.runtime.process import autocast
 
 GRID_IMAGES = 8  # val images in the TensorBoard reconstruction grid

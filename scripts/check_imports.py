@@ -1,0 +1,126 @@
+"""Check vitmask's import graph: no cycles between modules, and packages that depend in one direction.
+
+Reads every module under src/vitmask with `ast` (nothing is imported or run) and collects the
+vitmask modules each one imports, at any depth of the file (imports inside functions count: they
+are cycles too, only deferred). Two rules, each failure printed on its own line:
+
+- no cycle between modules (a module that imports itself through others);
+- a module imports only from its own package or from packages of a lower layer in LAYERS.
+
+Exit code 1 on any failure, 0 otherwise. `make lint` runs it.
+"""
+
+import ast
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent / "src"
+
+# Lowest first. A package may import from its own layer's package and from any lower layer.
+LAYERS = [
+    {"config", "errors", "outputs", "signals", "__init__"},  # leaves: stdlib and errors only
+    {"runtime"},
+    {"data"},
+    {"model"},
+    {"evaluate"},
+    {"generate"},
+    {"runs"},
+    {"train"},
+    {"cli", "__main__"},
+]
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imports_of(path: Path, name: str, modules: set[str]) -> set[str]:
+    """The vitmask modules that `path` imports (a package's import counts as its __init__)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: resolve against this module's package
+                up = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join([*up, base] if base else up)
+            targets = [base] + [f"{base}.{a.name}" for a in node.names]
+        else:
+            continue
+        found |= {t for t in targets if t in modules and t != name}
+    return found
+
+
+def layer_of(module: str) -> int:
+    top = module.split(".")[1] if "." in module else "__init__"
+    top = top.removesuffix(".py")
+    for i, names in enumerate(LAYERS):
+        if top in names:
+            return i
+    raise SystemExit(f"check_imports: {module} sits in no layer of LAYERS: add its package there")
+
+
+def package_of(module: str) -> str:
+    return module.split(".")[1] if module.count(".") >= 1 else module
+
+
+def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected group of more than one module (Tarjan), each as a sorted list."""
+    index, low, stack, on_stack, groups, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return groups
+
+
+def main() -> int:
+    paths = sorted((ROOT / "vitmask").rglob("*.py"))
+    names = {module_name(p): p for p in paths}
+    modules = set(names)
+    graph = {n: imports_of(p, n, modules) - {"vitmask"} for n, p in names.items()}
+    failures = [f"import cycle: {' <-> '.join(group)}" for group in find_cycles(graph)]
+    for n, deps in sorted(graph.items()):
+        for d in sorted(deps):
+            same_package = package_of(n) == package_of(d)
+            if not same_package and layer_of(d) > layer_of(n):
+                failures.append(f"layering: {n} imports {d}, a package above its own layer")
+            if layer_of(n) == 0 and layer_of(d) == 0 and d.split(".")[-1] not in ("errors",):
+                failures.append(
+                    f"layering: the leaf {n} imports {d}; leaves import only the standard library and errors"
+                )
+    for line in failures:
+        print(line)
+    print(f"check_imports: {len(names)} modules, {sum(map(len, graph.values()))} imports, {len(failures)} failures")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,139 @@
+"""How much memory a config needs, estimated before anything is allocated, and refusing early.
+
+An image size, width, depth or batch far beyond the machine would otherwise end minutes later in
+an allocation traceback (or the kernel's OOM killer). `check_fits` compares an estimate from the
+config alone with the memory free on the device and refuses with the figure and its biggest
+parts. The estimate counts, in bytes:
+
+- weights, gradients and the two Adam moments: 16 per parameter (`param_count`: the model built
+  on the meta device, so nothing is allocated);
+- activations kept for the backward pass, per block: about 8 (B, N, D) tensors and 2 (B, N, F)
+  (3 with swiglu), the same for each decoder block at its width, plus the logits (B, M, C) three
+  times; 4 bytes a value in fp32, 2 under bf16/fp16 autocast;
+- attention scores (B, H, N, N), once per block, where the attention is written out (`explicit`,
+  or `auto` on CPU under bf16/fp16: see `model.Attention`); SDPA's fused kernels never hold them;
+- evaluation (256 images a batch, no gradients): one block's tensors at a time, scores included
+  where written out;
+- the images: every split as uint8 plus the patch-class map of train (int64 per patch) and one
+  copy while splitting, about 8 bytes a pixel; for `shapes`, also one generation chunk's float
+  temporaries (`shapes.CHUNK_PIXELS`).
+
+It is a rough figure (within 2x of the peak for the shipped configs), meant to catch configs that
+are off by orders of magnitude. A config that passes and still runs out of memory on the device
+ends in one line too (`out_of_memory`).
+
+Shapes: B batch, N patches, M masked patches per image, D hidden_dim, F ffn_dim, H heads, C classes.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from vitmask.config import Config
+from vitmask.data.masking import num_masked
+from vitmask.data.shapes import CHUNK_PIXELS, MAX_SHAPES
+from vitmask.errors import UserError
+from vitmask.runtime.memory import available_bytes, gib
+from vitmask.runtime.process import precision_on
+
+EVAL_BATCH = 256  # evaluate()'s batch size
+
+
+def param_count(cfg: Config) -> int:
+    """Trainable parameters of `build_model(cfg)`, counted on the meta device: shapes only, nothing
+    allocated, so a model of any size (and any variant, decoders included) is counted in moments."""
+    from vitmask.model.vit import build_model
+
+    try:
+        with torch.device("meta"):
+            model = build_model(cfg)
+    except (TypeError, RuntimeError, OverflowError, ValueError):  # a size past int64: torch cannot even describe it
+        m, d = cfg.model, cfg.data
+        dim, ffn = m.hidden_dim, m.ffn_dim
+        return d.num_patches * dim + m.depth * (4 * dim * dim + 3 * dim * ffn) + dim * (d.patch_dim + d.num_classes)
+    return sum(p.numel() for p in model.parameters())
+
+
+def writes_out_attention(cfg: Config, device_type: str) -> bool:
+    """Whether the attention scores (B, H, N, N) are materialised (model.Attention's rule)."""
+    mode = cfg.model.attention
+    return mode == "explicit" or (mode == "auto" and device_type == "cpu" and precision(cfg, device_type) != "fp32")
+
+
+def precision(cfg: Config, device_type: str) -> str:
+    """train.precision as it runs on the device type (`auto` resolved)."""
+    return precision_on(cfg.train.precision, torch.device(device_type))
+
+
+@dataclass
+class Estimate:
+    parts: dict[str, int]  # what -> bytes
+
+    @property
+    def total(self) -> int:
+        return sum(self.parts.values())
+
+    def describe(self, top: int = 2) -> str:
+        big = sorted(self.parts.items(), key=lambda kv: -kv[1])[:top]
+        return ", ".join(f"{name} {gib(b)}" for name, b in big if b)
+
+
+def estimate(cfg: Config, device_type: str = "cpu", training: bool = True) -> Estimate:
+    """The memory `cfg` needs to train (or, with training=False, to evaluate) on a device type."""
+    m, d = cfg.model, cfg.data
+    n, dim, ffn, c = d.num_patches, m.hidden_dim, m.ffn_dim, d.num_classes
+    masked = num_masked(n, cfg.mask.ratio)
+    value = 4 if precision(cfg, device_type) == "fp32" else 2
+    params = param_count(cfg)
+    scores = writes_out_attention(cfg, device_type)
+    b = d.batch_size
+    ffn_tensors = 3 if m.activation == "swiglu" else 2
+    per_block = b * n * (8 * dim + ffn_tensors * ffn) * value
+    if m.decoder != "none":  # its blocks see all N tokens (self) or ask from the M masked ones (cross)
+        dec = m.decoder_config
+        per_block += dec.depth * b * n * (8 * dec.hidden_dim + ffn_tensors * dec.ffn_dim) * value // max(m.depth, 1)
+    parts = {
+        "weights, gradients and Adam state": (16 if training else 4) * params,
+        "activations": m.depth * per_block + 3 * b * masked * c * 4 if training else 0,
+        f"attention scores (B, H, N, N) = {b} x {m.num_heads} x {n} x {n}": (
+            m.depth * b * m.num_heads * n * n * value if training and scores else 0
+        ),
+        f"evaluation (batch {EVAL_BATCH})": EVAL_BATCH
+        * n
+        * (4 * dim + ffn_tensors * ffn + scores * m.num_heads * n)
+        * 4,
+    }
+    images = d.num_train + d.num_val + d.num_test if d.source == "shapes" else 0
+    pixels = d.image_size * d.image_size
+    data = images * pixels * 8
+    if d.source == "shapes":
+        chunk = max(1, min(2048, CHUNK_PIXELS // pixels, images))
+        data += chunk * MAX_SHAPES * pixels * 64  # a chunk's (n, S, H, W) float temporaries
+    parts["images"] = data
+    return Estimate(parts)
+
+
+def check_fits(cfg: Config, device: torch.device, training: bool = True, what: str = "") -> Estimate:
+    """Refuse (one line, with the figure) a config whose estimate exceeds the free memory."""
+    est = estimate(cfg, device.type, training)
+    free = available_bytes(device)
+    if free is not None and est.total > free:
+        doing = what or ("training" if training else "evaluating")
+        raise UserError(
+            f"{doing} this config needs about {gib(est.total)} of memory ({est.describe()}), but only "
+            f"{gib(free)} is free on {device.type}; lower data.batch_size, data.image_size, model.hidden_dim, "
+            "model.ffn_dim or model.depth"
+        )
+    return est
+
+
+def check_model_fits(cfg: Config, device: torch.device | None = None) -> int:
+    """Refuse a model whose weights alone exceed the free memory (count-params); returns the count."""
+    params = param_count(cfg)
+    free = available_bytes(device or torch.device("cpu"))
+    if free is not None and 4 * params > free:
+        raise UserError(
+            f"a model of {params:,} parameters needs {gib(4 * params)} for its weights alone, but only {gib(free)} "
+            "is free; lower model.hidden_dim, model.ffn_dim or model.depth"
+        )
+    return params
