@@ -16,7 +16,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
@@ -28,8 +28,15 @@ def _check(cond: bool, key: str, msg: str) -> None:
         raise UserError(f"config: {key} {msg}")
 
 
-def _choice(value: Any, key: str, choices: tuple) -> None:
-    _check(value in choices, key, f"must be one of {', '.join(map(str, choices))}, got {value!r}")
+def _choices(section: Any, prefix: str) -> None:
+    """Every field annotated `Literal[...]` must hold one of its values: the annotation is the one
+    list of a field's choices (a new choice is added there and nowhere else)."""
+    hints = typing.get_type_hints(type(section))
+    for f in dataclasses.fields(section):
+        options = typing.get_args(hints[f.name]) if typing.get_origin(hints[f.name]) is Literal else ()
+        value = getattr(section, f.name)
+        if options and value not in options:
+            raise UserError(f"config: {prefix}{f.name} must be one of {', '.join(options)}, got {value!r}")
 
 
 def _finite(section: Any, prefix: str) -> None:
@@ -53,25 +60,37 @@ def check_seed(seed: int, key: str) -> None:
         raise UserError(f"{key} must be an integer in [{lo}, {hi}], got {seed}")
 
 
+# The choices of each choice field: the one place a new choice is added (checked by `_choices`).
+Source = Literal["shapes", "torchvision", "idx", "folder", "npz"]
+TorchvisionName = Literal["MNIST", "FashionMNIST", "KMNIST", "EMNIST", "QMNIST", "Omniglot"]
+EmnistSplit = Literal["byclass", "bymerge", "balanced", "letters", "digits", "mnist"]
+BadFiles = Literal["skip", "fail"]
+Fit = Literal["pad", "resize", "center_crop", "none"]
+MaskStrategy = Literal["random", "block", "mixed"]
+RatioSchedule = Literal["fixed", "uniform", "cosine"]
+Activation = Literal["relu", "gelu", "relu2", "swiglu"]
+Norm = Literal["none", "layernorm", "rmsnorm"]
+NormPosition = Literal["pre", "post"]
+Positions = Literal["learned", "sincos2d", "rope2d", "rope2d+learned"]
+AttentionImpl = Literal["auto", "sdpa", "explicit"]
+DecoderDesign = Literal["none", "self", "cross"]
+Optimizer = Literal["adam", "adamw", "muon"]
+Schedule = Literal["constant", "cosine", "linear"]
+Precision = Literal["fp32", "bf16", "fp16", "auto"]
+
 MAX_DEPTH = 1024  # blocks: far beyond any model this trainer is for, and quick to build and count
-
-
-RATIO_SCHEDULES = ("fixed", "uniform", "cosine")
-SOURCES = ("shapes", "torchvision", "idx", "folder", "npz")
-TORCHVISION_NAMES = ("MNIST", "FashionMNIST", "KMNIST", "EMNIST", "QMNIST", "Omniglot")
-EMNIST_SPLITS = ("byclass", "bymerge", "balanced", "letters", "digits", "mnist")
 
 
 @dataclass(frozen=True)
 class DataConfig:
-    source: str = "shapes"  # where images come from: shapes | torchvision | idx | folder | npz (see README, Data)
+    source: Source = "shapes"  # where images come from (docs/data.md)
     path: str = "data"  # torchvision: root; idx, folder: a directory; npz: a .npz file (unused by shapes)
-    name: str = "MNIST"  # torchvision: MNIST | FashionMNIST | KMNIST | EMNIST | QMNIST | Omniglot
-    emnist_split: str = "balanced"  # torchvision EMNIST: byclass | bymerge | balanced | letters | digits | mnist
+    name: TorchvisionName = "MNIST"  # torchvision: the dataset
+    emnist_split: EmnistSplit = "balanced"  # torchvision EMNIST: the split
     download: bool = False  # torchvision: fetch the dataset into path when it is not there
     npz_key: str = "images"  # npz: the archive's key of the image array, (n, H, W) or (n, H, W, C)
     npz_labels_key: str = "labels"  # npz: the key of the labels array (n,), one class per image; optional
-    bad_files: str = "skip"  # folder: unreadable image files are skipped (count on stderr) | fail
+    bad_files: BadFiles = "skip"  # folder: unreadable image files are skipped (count on stderr), or fail
     val_fraction: float = 0.1  # share held out for validation (of the train split where a source has one)
     test_fraction: float = 0.1  # share held out for testing, where a source has no test split of its own
     split_seed: int | None = None  # seed of the train/val/test split (shapes: of the images); null = `seed`
@@ -81,16 +100,13 @@ class DataConfig:
     num_train: int = 20000  # shapes: training images generated
     num_val: int = 1000  # shapes: validation images
     num_test: int = 2000  # shapes: test images
-    fit: str = "pad"  # how images of another size are fitted to image_size: pad | resize | center_crop | none
+    fit: Fit = "pad"  # how images of another size are fitted to image_size
     threshold: float = 0.5  # a pixel is foreground when its gray level >= threshold * 255
     invert: bool = False  # swap foreground and background after thresholding
 
     def __post_init__(self) -> None:
         _finite(self, "data.")
-        _choice(self.source, "data.source", SOURCES)
-        _choice(self.name, "data.name", TORCHVISION_NAMES)
-        _choice(self.emnist_split, "data.emnist_split", EMNIST_SPLITS)
-        _choice(self.bad_files, "data.bad_files", ("skip", "fail"))
+        _choices(self, "data.")
         _check("\x00" not in self.path, "data.path", "must not contain a NUL character")
         for k in ("val_fraction", "test_fraction"):
             v = getattr(self, k)
@@ -112,7 +128,6 @@ class DataConfig:
         _check(self.batch_size >= 1, "data.batch_size", "must be >= 1")
         for k in ("num_train", "num_val", "num_test"):
             _check(getattr(self, k) >= 1, f"data.{k}", "must be >= 1")
-        _choice(self.fit, "data.fit", ("pad", "resize", "center_crop", "none"))
         _check(0.0 <= self.threshold <= 1.0, "data.threshold", f"must be in [0, 1], got {self.threshold}")
 
     @property
@@ -137,11 +152,12 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class MaskConfig:
-    strategy: str = "random"  # random: patches drawn uniformly | block: BEiT-style rectangles of patches |
+    strategy: MaskStrategy = "random"  # random: patches drawn uniformly | block: BEiT-style rectangles of patches |
     # mixed: per image, block with probability block_share, else random (validation and eval read it as random)
     ratio: float = 0.5  # share of patches masked per image (exactly round(ratio * N)); validation always uses it
-    ratio_schedule: str = "fixed"  # how training draws the masked count M, once per batch: fixed (mask.ratio) |
-    # uniform (over the counts of ratio_range) | cosine (MaskGIT: ratio = cos(pi/2 * u), u ~ U(0, 1), in ratio_range)
+    # how training draws the masked count M, once per batch: fixed (mask.ratio) | uniform (over the counts of
+    # ratio_range) | cosine (MaskGIT: ratio = cos(pi/2 * u), u ~ U(0, 1), in ratio_range)
+    ratio_schedule: RatioSchedule = "fixed"  # how M is drawn for each batch, as above
     ratio_range: tuple[float, float] | None = None  # [min, max] of uniform and cosine; null = all of (0, 1)
     block_share: float = 0.5  # mixed: the share of images that get a block mask
     block_min_patches: int = 16  # block: smallest rectangle, in patches (BEiT: 16)
@@ -151,9 +167,8 @@ class MaskConfig:
 
     def __post_init__(self) -> None:
         _finite(self, "mask.")
-        _choice(self.strategy, "mask.strategy", ("random", "block", "mixed"))
+        _choices(self, "mask.")
         _check(0.0 < self.ratio < 1.0, "mask.ratio", f"must be in (0, 1), got {self.ratio}")
-        _choice(self.ratio_schedule, "mask.ratio_schedule", RATIO_SCHEDULES)
         if self.ratio_range is not None:
             lo, hi = self.ratio_range
             _check(
@@ -181,9 +196,9 @@ class ModelConfig:
     num_heads: int = 4  # attention heads; head_dim = hidden_dim / num_heads
     depth: int = 4  # transformer blocks; at most MAX_DEPTH
     ffn_dim: int = 512  # hidden width of the feed-forward network
-    activation: str = "gelu"  # relu | gelu | relu2 (max(0, x)^2) | swiglu (silu(x W_1) * x W_3, then W_2; no biases)
-    norm: str = "layernorm"  # none | layernorm | rmsnorm
-    norm_position: str = "pre"  # pre (x + f(norm(x))) | post (norm(x + f(x)))
+    activation: Activation = "gelu"  # relu2: max(0, x)^2; swiglu: silu(x W_1) * x W_3, then W_2, no biases
+    norm: Norm = "layernorm"  # the norm of every block
+    norm_position: NormPosition = "pre"  # pre: x + f(norm(x)); post: norm(x + f(x))
     qkv_bias: bool = True  # bias on the Q, K and V projections
     out_proj: bool = True  # linear projection after concatenating the heads
     zero_init_residual: bool = False  # last linear of each branch (W_O, FFN W_2) at 0: blocks start as identity
@@ -193,13 +208,13 @@ class ModelConfig:
     num_kv_heads: int = 0  # key/value heads for grouped-query attention; 0 = num_heads (plain multi-head)
     # rope2d+learned: rotary, plus a learned vector added, so a token knows where it is even when all it sees is
     # the mask embedding (under rope2d alone a blank canvas looks the same at every position)
-    pos: str = "learned"  # learned (added) | sincos2d (fixed 2D sin-cos, added) | rope2d (2D rotary) | rope2d+learned
+    pos: Positions = "learned"  # learned, sincos2d (fixed 2D sin-cos): added; rope2d: 2D rotary
     # auto: SDPA, except on CPU under bf16/fp16 autocast, where the written-out form trains faster
-    attention: str = "auto"  # auto | sdpa (F.scaled_dot_product_attention) | explicit (softmax(Q K^T / sqrt(d)) V)
+    attention: AttentionImpl = "auto"  # sdpa: F.scaled_dot_product_attention; explicit: softmax(Q K^T / sqrt(d)) V
     # none: one stack over all N tokens (masked ones as mask.fill) | self: MAE, the encoder (the keys above) sees
     # the visible patches only, a decoder self-attends over them and mask tokens | cross: CrossMAE, mask tokens
     # at the masked positions cross-attend to the encoder's output (README, Encoder-decoder); needs mask.fill=learned
-    decoder: str = "none"  # none | self (MAE) | cross (CrossMAE): the encoder-decoder design, as above
+    decoder: DecoderDesign = "none"  # self: MAE, cross: CrossMAE, as above
     decoder_depth: int = 1  # decoder blocks (self, cross)
     decoder_dim: int = 0  # decoder width E (the encoder's output is projected to it); 0 = hidden_dim
     decoder_heads: int = 0  # decoder attention heads (plain multi-head, no grouped K/V); 0 = num_heads
@@ -220,6 +235,11 @@ class ModelConfig:
     def learned_pos(self) -> bool:
         """A learned positional vector is added to every token (pos learned or rope2d+learned)."""
         return self.pos in ("learned", "rope2d+learned")
+
+    @property
+    def ffn_matrices(self) -> int:
+        """Weight matrices of the feed-forward network: 3 for swiglu (W_1, W_3, W_2), else 2 (W_1, W_2)."""
+        return 3 if self.activation == "swiglu" else 2
 
     @property
     def head_dim(self) -> int:
@@ -251,6 +271,7 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         _finite(self, "model.")
+        _choices(self, "model.")
         for k in ("hidden_dim", "num_heads", "depth", "ffn_dim"):
             _check(getattr(self, k) >= 1, f"model.{k}", "must be >= 1")
         _check(self.depth <= MAX_DEPTH, "model.depth", f"must be <= {MAX_DEPTH}, got {self.depth}")
@@ -259,9 +280,6 @@ class ModelConfig:
             "model.hidden_dim",
             f"({self.hidden_dim}) must be divisible by model.num_heads ({self.num_heads})",
         )
-        _choice(self.activation, "model.activation", ("relu", "gelu", "relu2", "swiglu"))
-        _choice(self.norm, "model.norm", ("none", "layernorm", "rmsnorm"))
-        _choice(self.norm_position, "model.norm_position", ("pre", "post"))
         _check(0.0 <= self.dropout < 1.0, "model.dropout", f"must be in [0, 1), got {self.dropout}")
         _check(
             self.token_conv == 0 or (self.token_conv > 0 and self.token_conv % 2 == 1),
@@ -280,7 +298,6 @@ class ModelConfig:
             "model.num_kv_heads",
             f"({self.num_kv_heads}) must divide model.num_heads ({self.num_heads})",
         )
-        _choice(self.pos, "model.pos", ("learned", "sincos2d", "rope2d", "rope2d+learned"))
         if self.pos == "sincos2d":
             _check(
                 self.hidden_dim % 4 == 0, "model.hidden_dim", f"({self.hidden_dim}) must be divisible by 4 for sincos2d"
@@ -291,11 +308,9 @@ class ModelConfig:
                 "model.pos",
                 f"rope2d needs hidden_dim / num_heads divisible by 4, got {self.head_dim}; change model.num_heads",
             )
-        _choice(self.attention, "model.attention", ("auto", "sdpa", "explicit"))
         self._check_decoder()
 
     def _check_decoder(self) -> None:
-        _choice(self.decoder, "model.decoder", ("none", "self", "cross"))
         if self.decoder == "none":
             for k, default in (("decoder_depth", 1), ("decoder_dim", 0), ("decoder_heads", 0), ("decoder_ffn_dim", 0)):
                 v = getattr(self, k)
@@ -337,17 +352,17 @@ class TrainConfig:
     checkpoint_every: int = 500  # steps between checkpoints (and at the last step)
     log_every: int = 25  # steps between training-scalar logs
     eval_batches: int = 0  # validation batches per evaluation; 0 = the whole val split
-    optimizer: str = "adam"  # adam | adamw (decoupled decay) | muon (Muon on the blocks' matrices, AdamW elsewhere)
+    optimizer: Optimizer = "adam"  # adamw: decoupled decay; muon: on the blocks' matrices, AdamW elsewhere
     weight_decay: float = 0.0  # decay of weight matrices only; never biases, norms, pos or mask_token; in [0, 1]
     beta1: float = 0.9  # Adam's decay rate of the gradient mean
     beta2: float = 0.999  # Adam's decay rate of the squared-gradient mean
     eps: float = 1e-8  # Adam's epsilon; in (0, 1]
-    schedule: str = "constant"  # lr after warmup: constant | cosine | linear (both decay to min_lr at max_steps)
+    schedule: Schedule = "constant"  # lr after warmup; cosine and linear decay to min_lr at max_steps
     warmup_steps: int = 0  # linear warmup from 0 to lr over this many steps
     min_lr: float = 0.0  # the lr the cosine and linear decays end at
     grad_clip: float = 0.0  # clip the global gradient norm to this; 0 = no clipping (the norm is still logged)
     accum_steps: int = 1  # micro-batches per step; data.batch_size must be divisible by it
-    precision: str = "fp32"  # fp32 | bf16 (autocast) | fp16 (+ GradScaler, CUDA only) | auto (bf16 where native)
+    precision: Precision = "fp32"  # bf16: autocast; fp16: + GradScaler, CUDA only; auto: bf16 where native
     compile: bool = False  # wrap the model in torch.compile
     deterministic: bool = False  # ask torch for deterministic algorithms (slower; exact resume on CPU)
     keep_last: int = 3  # step_*.pt checkpoints kept in the run dir (last.pt and best.pt always kept)
@@ -356,6 +371,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         _finite(self, "train.")
+        _choices(self, "train.")
         _check(
             0 < self.lr <= 1,
             "train.lr",
@@ -366,16 +382,13 @@ class TrainConfig:
         _check(self.eval_batches >= 0, "train.eval_batches", "must be >= 0")
         _check(self.probe_every >= 0, "train.probe_every", "must be >= 0 (0 = off)")
         _check(self.probe_train_images >= 1, "train.probe_train_images", "must be >= 1")
-        _choice(self.optimizer, "train.optimizer", ("adam", "adamw", "muon"))
         _check(0 <= self.weight_decay <= 1, "train.weight_decay", f"must be in [0, 1], got {self.weight_decay}")
         for k in ("beta1", "beta2"):
             _check(0.0 <= getattr(self, k) < 1.0, f"train.{k}", f"must be in [0, 1), got {getattr(self, k)}")
         _check(0 < self.eps <= 1, "train.eps", f"must be in (0, 1], got {self.eps}")
-        _choice(self.schedule, "train.schedule", ("constant", "cosine", "linear"))
         _check(self.warmup_steps >= 0, "train.warmup_steps", "must be >= 0")
         _check(0 <= self.min_lr <= self.lr, "train.min_lr", f"must be in [0, train.lr ({self.lr})], got {self.min_lr}")
         _check(self.grad_clip >= 0, "train.grad_clip", f"must be >= 0 (0 = off), got {self.grad_clip}")
-        _choice(self.precision, "train.precision", ("fp32", "bf16", "fp16", "auto"))
 
 
 @dataclass(frozen=True)
@@ -449,6 +462,11 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             except UserError:
                 pass
         raise UserError(f"config: {key} has the wrong type: got {value!r}, expected {_type_name(tp)}")
+    if origin is Literal:
+        options = typing.get_args(tp)
+        if value not in options or isinstance(value, bool):
+            raise UserError(f"config: {key} must be one of {', '.join(map(str, options))}, got {value!r}")
+        return value
     if origin is tuple:
         args = typing.get_args(tp)
         if not isinstance(value, (list, tuple)) or len(value) != len(args):
@@ -469,6 +487,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
 def _type_name(tp: Any) -> str:
     if typing.get_origin(tp) in (typing.Union, types.UnionType):
         return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    if typing.get_origin(tp) is Literal:
+        return " | ".join(map(str, typing.get_args(tp)))
     if typing.get_origin(tp) is tuple:
         return "[" + ", ".join(_type_name(a) for a in typing.get_args(tp)) + "]"
     return "null" if tp is type(None) else tp.__name__

@@ -26,16 +26,12 @@ Shapes: B batch, N patches, M masked, V = N - M visible, D encoder width, E deco
 H decoder heads, d = E / H head dim, C classes.
 """
 
-import math
-
 import torch
 from torch import nn
 
 from vitmask.config import ModelConfig
 from vitmask.model.layers import Attention, Block, FeedForward, attend, make_norm, merge_heads, split_heads
-from vitmask.model.positions import apply_rope, gather_rope, rope_2d_angles, sincos_2d
-
-Rope = tuple[torch.Tensor, torch.Tensor]
+from vitmask.model.positions import Rope, apply_rope, attach_positions, gather_rope, rope_tables
 
 
 class CrossAttention(nn.Module):
@@ -124,27 +120,12 @@ class Decoder(nn.Module):
         self.kind = cfg.decoder  # self | cross
         self.embed = nn.Linear(cfg.hidden_dim, e)  # the encoder's width D to the decoder's E
         self.mask_token = nn.Parameter(torch.zeros(e))  # what the decoder starts from at every masked patch
-        grid = math.isqrt(num_patches)
-        self.rotary = cfg.rotary
-        if cfg.learned_pos:
-            self.pos = nn.Parameter(torch.zeros(num_patches, e))  # (N, E), the decoder's own
-        elif cfg.pos == "sincos2d":
-            self.register_buffer("pos", sincos_2d(e, grid), persistent=False)  # (N, E), fixed
-        else:
-            self.pos = None
-        if self.rotary:  # rotary tables for the decoder's head dim
-            angles = rope_2d_angles(dcfg.head_dim, grid)  # (N, d/2)
-            self.register_buffer("rope_cos", angles.cos(), persistent=False)
-            self.register_buffer("rope_sin", angles.sin(), persistent=False)
+        attach_positions(self, cfg, e, dcfg.head_dim, num_patches)  # the decoder's own, at its width E
         if self.kind == "self":
             self.blocks = nn.ModuleList(Block(dcfg) for _ in range(dcfg.depth))
         else:
             self.blocks = nn.ModuleList(CrossBlock(dcfg, cfg.decoder_self_attn) for _ in range(dcfg.depth))
         self.norm = make_norm(dcfg.norm, e) if dcfg.norm_position == "pre" else nn.Identity()
-
-    def rope(self) -> Rope | None:
-        """The full-grid rotary tables 2 x (N, d/2), or None without rotary positions (learned, sincos2d)."""
-        return (self.rope_cos, self.rope_sin) if self.rotary else None
 
     def forward(self, encoded: torch.Tensor, keep: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """encoded (B, V, D) the encoder's output at the visible positions keep (B, V); ids (B, M) the
@@ -161,7 +142,7 @@ class Decoder(nn.Module):
         x = self.mask_token.to(y.dtype).expand(b, n, e).scatter(1, index, y)  # (B, N, E)
         if self.pos is not None:
             x = x + self.pos  # (B, N, E)
-        rope = self.rope()
+        rope = rope_tables(self)
         for block in self.blocks[:-1]:
             x = block(x, rope)  # (B, N, E)
         x = self.blocks[-1](x, rope, ids)  # (B, M, E): the last block computes only the masked tokens
@@ -176,7 +157,10 @@ class Decoder(nn.Module):
             x = x + self.pos[ids]  # (B, M, E)
             y = y + self.pos[keep]  # (B, V, E)
         if self.rotary:
-            rope_q, rope_kv = gather_rope(self.rope(), ids), gather_rope(self.rope(), keep)  # (B, 1, M or V, d/2)
+            rope_q, rope_kv = (
+                gather_rope(rope_tables(self), ids),
+                gather_rope(rope_tables(self), keep),
+            )  # (B, 1, M or V, d/2)
         for block in self.blocks:
             x = block(x, y, rope_q, rope_kv)  # (B, M, E)
         return self.norm(x)  # (B, M, E)

@@ -23,7 +23,7 @@ def forward_flops_per_image(cfg: Config, masked_last_block: bool = True) -> int:
     masked = num_masked(n, cfg.mask.ratio)
 
     def block(q: int) -> int:
-        ffn = 2 * q * f * dim * (3 if m.activation == "swiglu" else 2)
+        ffn = 2 * q * f * dim * m.ffn_matrices
         proj = 2 * q * dim * dim if m.out_proj else 0
         conv = 2 * n * dim * m.token_conv**2
         return 2 * q * dim * dim + 2 * n * dim * 2 * kv + 2 * 2 * q * n * dim + proj + ffn + conv
@@ -35,12 +35,10 @@ def forward_flops_per_image(cfg: Config, masked_last_block: bool = True) -> int:
     return embed + (m.depth - 1) * block(n) + block(masked if masked_last_block else n) + head
 
 
-def attention_block_flops(q: int, n: int, dim: int, kv: int, ffn: int, swiglu: bool, out_proj: bool) -> int:
+def attention_block_flops(q: int, n: int, dim: int, kv: int, ffn: int, ffn_matrices: int, out_proj: bool) -> int:
     """One self-attention block where q of n tokens ask queries: the matmuls of `forward_flops_per_image`."""
     proj = 2 * q * dim * dim if out_proj else 0
-    return (
-        2 * q * dim * dim + 2 * n * dim * 2 * kv + 2 * 2 * q * n * dim + proj + 2 * q * ffn * dim * (3 if swiglu else 2)
-    )
+    return 2 * q * dim * dim + 2 * n * dim * 2 * kv + 2 * 2 * q * n * dim + proj + 2 * q * ffn * dim * ffn_matrices
 
 
 def encoder_decoder_flops_per_image(cfg: Config, masked_last_block: bool = True) -> int:
@@ -58,21 +56,21 @@ def encoder_decoder_flops_per_image(cfg: Config, masked_last_block: bool = True)
     n = d.num_patches
     masked = num_masked(n, cfg.mask.ratio)
     visible = n - masked
-    swiglu = m.activation == "swiglu"
+    mats = m.ffn_matrices
     enc = 2 * visible * d.patch_dim * m.hidden_dim + m.depth * attention_block_flops(
-        visible, visible, m.hidden_dim, m.kv_heads * m.head_dim, m.ffn_dim, swiglu, m.out_proj
+        visible, visible, m.hidden_dim, m.kv_heads * m.head_dim, m.ffn_dim, mats, m.out_proj
     )
     e, fe = dm.hidden_dim, dm.ffn_dim
     project = 2 * visible * m.hidden_dim * e
     if m.decoder == "self":
         last = masked if masked_last_block else n
-        dec = (dm.depth - 1) * attention_block_flops(n, n, e, e, fe, swiglu, m.out_proj)
-        dec += attention_block_flops(last, n, e, e, fe, swiglu, m.out_proj)
+        dec = (dm.depth - 1) * attention_block_flops(n, n, e, e, fe, mats, m.out_proj)
+        dec += attention_block_flops(last, n, e, e, fe, mats, m.out_proj)
     else:
         out = 2 * masked * e * e if m.out_proj else 0
         cross = 2 * masked * e * e + 2 * visible * e * 2 * e + 2 * 2 * masked * visible * e + out
-        ffn = 2 * masked * fe * e * (3 if swiglu else 2)
-        own = attention_block_flops(masked, masked, e, e, 0, swiglu, m.out_proj) if m.decoder_self_attn else 0
+        ffn = 2 * masked * fe * e * mats
+        own = attention_block_flops(masked, masked, e, e, 0, mats, m.out_proj) if m.decoder_self_attn else 0
         dec = dm.depth * (cross + ffn + own)
     head = 2 * masked * e * d.num_classes
     return enc + project + dec + head

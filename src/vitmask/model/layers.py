@@ -21,13 +21,19 @@ def gather_tokens(x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     return x.gather(1, index)
 
 
+def writes_out_scores(mode: str, device_type: str, low_precision: bool) -> bool:
+    """Whether attention is written out, its scores (B, H, L, S) materialised, rather than run by SDPA:
+    always for `explicit`; for `auto` on CPU under bf16/fp16, where the written-out form trains faster."""
+    return mode == "explicit" or (mode == "auto" and device_type == "cpu" and low_precision)
+
+
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout: float, mode: str) -> torch.Tensor:
     """softmax(Q K^T / sqrt(d)) V per head: q (B, H, L, d), k and v (B, H, S, d) -> (B, H, L, d).
 
     mode (ModelConfig.attention): sdpa, explicit (written out), or auto = SDPA except on CPU under
     bf16/fp16, where the written-out form is used.
     """
-    if mode == "explicit" or (mode == "auto" and q.device.type == "cpu" and q.dtype != torch.float32):
+    if writes_out_scores(mode, q.device.type, q.dtype != torch.float32):
         # on CPU in bf16 this beats SDPA's flash kernel 1.5x per training step (its backward is
         # slow); scaling Q, not the (L, S) scores, is cheaper and keeps torch.compile from
         # rewriting it back into SDPA (docs/benchmarks.md)

@@ -33,6 +33,7 @@ from vitmask.config import Config
 from vitmask.data.masking import num_masked
 from vitmask.data.shapes import CHUNK_PIXELS, MAX_SHAPES
 from vitmask.errors import UserError
+from vitmask.model.layers import writes_out_scores
 from vitmask.runtime.memory import available_bytes, gib
 from vitmask.runtime.process import precision_on
 
@@ -56,8 +57,7 @@ def param_count(cfg: Config) -> int:
 
 def writes_out_attention(cfg: Config, device_type: str) -> bool:
     """Whether the attention scores (B, H, N, N) are materialised (model.Attention's rule)."""
-    mode = cfg.model.attention
-    return mode == "explicit" or (mode == "auto" and device_type == "cpu" and precision(cfg, device_type) != "fp32")
+    return writes_out_scores(cfg.model.attention, device_type, precision(cfg, device_type) != "fp32")
 
 
 def precision(cfg: Config, device_type: str) -> str:
@@ -87,7 +87,7 @@ def estimate(cfg: Config, device_type: str = "cpu", training: bool = True) -> Es
     params = param_count(cfg)
     scores = writes_out_attention(cfg, device_type)
     b = d.batch_size
-    ffn_tensors = 3 if m.activation == "swiglu" else 2
+    ffn_tensors = m.ffn_matrices  # each FFN matrix keeps one (B, N, F) activation
     per_block = b * n * (8 * dim + ffn_tensors * ffn) * value
     if m.decoder != "none":  # its blocks see all N tokens (self) or ask from the M masked ones (cross)
         dec = m.decoder_config

@@ -4,7 +4,14 @@ angles that turn queries and keys (docs/notation.md, "Positions").
 Shapes: N patches (N = g * g, g patches per side), d head dim, B batch, H heads, L tokens gathered.
 """
 
+import math
+
 import torch
+from torch import nn
+
+from vitmask.config import ModelConfig
+
+Rope = tuple[torch.Tensor, torch.Tensor]  # cos, sin: (N, d/2) for the full grid, or (B, 1, L, d/2) gathered
 
 ROPE_BASE = 100.0  # rotary base: grids are at most 64 patches a side, so 10000 would leave most frequencies unused
 
@@ -45,3 +52,33 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 def gather_rope(rope: tuple[torch.Tensor, torch.Tensor], ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Full-grid rotary tables 2 x (N, d/2) -> the rows of each image's tokens, 2 x (B, 1, L, d/2), for ids (B, L)."""
     return rope[0][ids].unsqueeze(1), rope[1][ids].unsqueeze(1)
+
+
+def attach_positions(module: nn.Module, cfg: ModelConfig, width: int, head_dim: int, num_patches: int) -> None:
+    """Give `module` (the encoder, or a decoder at its own width) the positions `cfg.pos` asks for.
+
+    - `module.pos`: the vectors added to the tokens, (N, width): a trained parameter (learned,
+      rope2d+learned), a fixed sin-cos buffer (sincos2d), or None (rope2d alone);
+    - `module.rope_cos`, `module.rope_sin`: the rotary tables (N, head_dim / 2) under rope2d and
+      rope2d+learned, buffers not saved in checkpoints (they follow from the grid);
+    - `module.rotary`: whether queries and keys are turned.
+
+    The names are those of the checkpoints' state dicts; `rope_tables(module)` reads the tables back.
+    """
+    grid = math.isqrt(num_patches)
+    module.rotary = cfg.rotary
+    if cfg.learned_pos:
+        module.pos = nn.Parameter(torch.zeros(num_patches, width))  # (N, width), learned
+    elif cfg.pos == "sincos2d":
+        module.register_buffer("pos", sincos_2d(width, grid), persistent=False)  # (N, width), fixed
+    else:  # rope2d alone: nothing is added to the tokens
+        module.pos = None
+    if module.rotary:
+        angles = rope_2d_angles(head_dim, grid)  # (N, d/2)
+        module.register_buffer("rope_cos", angles.cos(), persistent=False)
+        module.register_buffer("rope_sin", angles.sin(), persistent=False)
+
+
+def rope_tables(module: nn.Module) -> Rope | None:
+    """The full-grid rotary tables 2 x (N, d/2) that `attach_positions` gave `module`, or None without rotary."""
+    return (module.rope_cos, module.rope_sin) if module.rotary else None

@@ -17,8 +17,6 @@ With `model.decoder: self | cross`, the blocks here are an encoder over the visi
 and a decoder (vitmask.model.decoder) predicts the masked ones; see `MaskedPatchViT`.
 """
 
-import math
-
 import torch
 from torch import nn
 
@@ -26,7 +24,7 @@ from vitmask.config import Config, ModelConfig
 from vitmask.data.masking import apply_fill, mask_to_ids, visible_ids
 from vitmask.model.decoder import Decoder
 from vitmask.model.layers import Block, gather_tokens, make_norm
-from vitmask.model.positions import gather_rope, rope_2d_angles, sincos_2d
+from vitmask.model.positions import attach_positions, gather_rope, rope_tables
 
 
 class MaskedPatchViT(nn.Module):
@@ -46,18 +44,7 @@ class MaskedPatchViT(nn.Module):
         self.embed = nn.Linear(patch_dim, d)  # A_up, b_up
         if self.fill == "learned":
             self.mask_token = nn.Parameter(torch.zeros(d))  # the embedding of every masked patch
-        grid = math.isqrt(num_patches)
-        self.rotary = cfg.rotary  # rope2d, rope2d+learned: Q and K are rotated in every block
-        if cfg.learned_pos:
-            self.pos = nn.Parameter(torch.zeros(num_patches, d))  # P (N, D), learned
-        elif cfg.pos == "sincos2d":
-            self.register_buffer("pos", sincos_2d(d, grid), persistent=False)  # P (N, D), fixed
-        else:  # rope2d alone: nothing is added to the tokens
-            self.pos = None
-        if self.rotary:
-            angles = rope_2d_angles(cfg.head_dim, grid)  # (N, d/2)
-            self.register_buffer("rope_cos", angles.cos(), persistent=False)
-            self.register_buffer("rope_sin", angles.sin(), persistent=False)
+        attach_positions(self, cfg, d, cfg.head_dim, num_patches)  # P (N, D) and/or rotary tables
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.depth))
         # a pre-norm stack leaves its residual stream un-normalised: normalise once before the head
         self.norm = make_norm(cfg.norm, d) if cfg.norm_position == "pre" else nn.Identity()
@@ -123,7 +110,7 @@ class MaskedPatchViT(nn.Module):
             x = self.embed(apply_fill(patches, mask, self.fill))  # (B, N, D)
         if self.pos is not None:
             x = x + self.pos  # (B, N, D)
-        rope = (self.rope_cos, self.rope_sin) if self.rotary else None
+        rope = rope_tables(self)
         for block in self.blocks[:-1]:
             x = block(x, rope)  # (B, N, D)
         # the last block computes only the tokens the head reads: the masked ones when ids is given
@@ -140,7 +127,7 @@ class MaskedPatchViT(nn.Module):
         the position of its own patch (added, or rotated in by rope2d). A pre-norm stack ends in its norm.
         With `depth` K, the output of block K instead (0: the embedded patches), not normalised.
         """
-        rope = (self.rope_cos, self.rope_sin) if self.rotary else None
+        rope = rope_tables(self)
         if keep is None:
             x = self.embed(patches)  # (B, N, D)
             pos = self.pos  # (N, D) or None
