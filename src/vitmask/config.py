@@ -402,11 +402,11 @@ class Config:
 
     def __post_init__(self) -> None:
         check_seed(self.seed, "config: seed")
-        d = self.data
+        data = self.data
         _check(
-            d.num_patches >= 2,
+            data.num_patches >= 2,
             "data.image_size",
-            f"({d.image_size}) must hold at least 2 patches of data.patch_size ({d.patch_size}): "
+            f"({data.image_size}) must hold at least 2 patches of data.patch_size ({data.patch_size}): "
             "one to mask and one to see",
         )
         _check(
@@ -577,6 +577,17 @@ def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> Confi
         raise UserError(f"config file {path} must hold a mapping of sections (data, mask, model, train)")
     raw.setdefault("name", path.stem)
     return config_from_dict(raw, overrides)
+
+
+def flatten_config(cfg: Config) -> dict[str, Any]:
+    """Every key as `section.key` (top-level keys as they are), in declaration order, with its value."""
+    flat: dict[str, Any] = {}
+    for key, value in cfg.to_dict().items():
+        if key in SECTIONS:
+            flat.update({f"{key}.{k}": v for k, v in value.items()})
+        else:
+            flat[key] = value
+    return flat
 
 
 def dump_config(cfg: Config) -> str:

@@ -144,10 +144,31 @@ def _restore(trainer: Trainer, plan: rundir.Resolved) -> None:
     if not trainer.world.main:
         return
     changed = f" (changed: {'; '.join(plan.changes)})" if plan.changes else ""
-    if plan.run_id == plan.state.get("run_id") or rundir._same_dir(plan.source.parent, plan.run_dir):
+    if plan.run_id == plan.state.get("run_id") or rundir.same_dir(plan.source.parent, plan.run_dir):
         print(f"resuming {plan.run_dir} from step {trainer.step}{changed}", flush=True)
     else:
         print(f"starting a new run in {plan.run_dir} from {plan.source} (step {trainer.step}){changed}", flush=True)
+
+
+def open_model(path: Path, device_name: str, seed: int, loads_data: bool = True):
+    """What every verb that reads a checkpoint does first: check its `--seed`, resolve the device and
+    load the model (checkpoint.load_model: every check of the file). A verb that `loads_data` (eval,
+    probe, reconstruct) also refuses a config whose data and evaluation cannot fit in memory.
+    Returns (model in eval mode, config, device)."""
+    check_seed(seed, "--seed")
+    device = resolve_device(device_name)
+    model, cfg, _ = load_model(path, device)
+    if loads_data:
+        check_fits(cfg, device, training=False)
+    return model, cfg, device
+
+
+def check_grid_count(value: int, flag: str, what: str) -> None:
+    """A count of images in one PNG grid: 1 to MAX_GRID_IMAGES (beyond, the grid alone takes gigabytes)."""
+    if not 1 <= value <= MAX_GRID_IMAGES:
+        raise UserError(
+            f"{flag} must be at least 1 and at most {MAX_GRID_IMAGES} ({what} in one PNG grid), got {value}"
+        )
 
 
 def check_ratio(ratio: float) -> None:
@@ -180,21 +201,18 @@ def evaluate_checkpoint(
     drawn from `seed`; with `centre_box`, also the centre box; with `nll`, the likelihood bound
     and its baselines (likelihood.nll_report) under "nll"."""
     _check_split(split)
-    check_seed(seed, "--seed")
     ratios = [ratios] if isinstance(ratios, (int, float)) else list(ratios or [])
     for r in ratios:
         check_ratio(r)
     if strategy is not None and strategy not in EVAL_STRATEGIES:
         raise UserError(f"--strategy must be one of {', '.join(EVAL_STRATEGIES)}, got '{strategy}'")
-    device = resolve_device(device_name)
-    model, cfg, _ = load_model(path, device)
-    d = cfg.data
+    model, cfg, device = open_model(path, device_name, seed)
+    data = cfg.data
     if nll:
-        check_nll_args(d.num_patches, d.num_classes, nll_strata, nll_samples)
-    box = centre_box_mask(d.grid)
+        check_nll_args(data.num_patches, data.num_classes, nll_strata, nll_samples)
+    box = centre_box_mask(data.grid)
     if centre_box and not box.any():
-        raise UserError(f"--centre-box needs at least 2x2 patches; this model's grid is {d.grid}x{d.grid}")
-    check_fits(cfg, device, training=False)
+        raise UserError(f"--centre-box needs at least 2x2 patches; this model's grid is {data.grid}x{data.grid}")
     splits = load_data(cfg, device)
     images = splits[split].to(device)
     train = splits["train"].to(device)
@@ -202,18 +220,18 @@ def evaluate_checkpoint(
         model, cfg, train, images, ratios or [cfg.mask.ratio], seed, progress=True, strategy=strategy
     )
     if centre_box:
-        share = int(box.sum()) / d.num_patches
+        share = int(box.sum()) / data.num_patches
         results += evaluate_split(model, cfg, train, images, [share], seed, progress=True, strategy="centre")
     report = {
         "checkpoint": str(path),
         "split": split,
         "seed": seed,
         "images": len(images),
-        "patch_size": d.patch_size,
+        "patch_size": data.patch_size,
         "results": results,
     }
     if nll:
-        report["nll"] = nll_report(model, train, images, d.patch_size, nll_strata, nll_samples, seed, progress=True)
+        report["nll"] = nll_report(model, train, images, data.patch_size, nll_strata, nll_samples, seed, progress=True)
     return report
 
 
@@ -222,13 +240,9 @@ def reconstruct(path: Path, out: Path, n: int, ratio: float | None, split: str, 
     _check_split(split)
     if ratio is not None:
         check_ratio(ratio)
-    if not 1 <= n <= MAX_GRID_IMAGES:
-        raise UserError(f"--n must be at least 1 and at most {MAX_GRID_IMAGES} (images in one PNG grid), got {n}")
-    check_seed(seed, "--seed")
+    check_grid_count(n, "--n", "images")
     check_out_file(out, inputs=(path,))
-    device = resolve_device(device_name)
-    model, cfg, _ = load_model(path, device)
-    check_fits(cfg, device, training=False)
+    model, cfg, device = open_model(path, device_name, seed)
     images = load_data(cfg, device)[split][:n].to(device)
     ratio = cfg.mask.ratio if ratio is None else ratio
     batch = next(eval_batches(images, cfg, ratio, seed, len(images)))
@@ -261,44 +275,39 @@ def inpaint(
     options = DecodeOptions(steps, temperature, order, choice_temperature)  # checks every value
     if not iterative:
         options = dataclasses.replace(options, steps=1)
-    if not 1 <= samples <= MAX_GRID_IMAGES:
-        raise UserError(
-            f"--samples must be at least 1 and at most {MAX_GRID_IMAGES} (completions in one PNG grid), got {samples}"
-        )
+    check_grid_count(samples, "--samples", "completions")
     if samples > 1 and options.deterministic:
         raise UserError(
             f"--samples {samples} at --temperature 0 would give {samples} identical completions; "
             "pass --temperature 1 (or --order random, or --choice-temperature 4.5)"
         )
-    check_seed(seed, "--seed")
     check_out_file(out, inputs=(image, mask_path, path))
-    device = resolve_device(device_name)
-    model, cfg, _ = load_model(path, device)
-    d = cfg.data
+    model, cfg, device = open_model(path, device_name, seed, loads_data=False)
+    data = cfg.data
     gray = load_image_file(image)  # (h, w) uint8
-    picture = binarize_images(gray.unsqueeze(0), d)  # (1, S, S) the training preprocessing
-    pix = boxes_to_mask([parse_box(b, d.image_size) for b in boxes], d.image_size)  # (S, S)
+    picture = binarize_images(gray.unsqueeze(0), data)  # (1, S, S) the training preprocessing
+    pix = boxes_to_mask([parse_box(b, data.image_size) for b in boxes], data.image_size)  # (S, S)
     if mask_path is not None:
-        pix |= mask_image_to_pixels(load_image_file(mask_path), tuple(gray.shape), d)
-    mask = pixels_to_patches(pix, d.patch_size)  # (N,)
+        pix |= mask_image_to_pixels(load_image_file(mask_path), tuple(gray.shape), data)
+    mask = pixels_to_patches(pix, data.patch_size)  # (N,)
     check_patch_mask(mask)
     mask = mask.unsqueeze(0).to(device).expand(samples, -1)  # (K, N)
     picture = picture.to(device).expand(samples, -1, -1)  # (K, S, S)
     generator = torch.Generator(device=device).manual_seed(seed)
-    classes = decode_masked(model, picture, mask, d.patch_size, options, generator)  # (K, N)
-    filled = paste_predictions(picture, mask, classes, d.patch_size)  # (K, S, S)
+    classes = decode_masked(model, picture, mask, data.patch_size, options, generator)  # (K, N)
+    filled = paste_predictions(picture, mask, classes, data.patch_size)  # (K, S, S)
     if samples == 1:
         write_atomically(out, lambda f: save_binary_image(filled[0], f), "--out")
     else:  # the input with its hole grey, then the completions
         tiles = torch.cat([picture[:1], filled])  # (K + 1, S, S)
         hole = torch.cat([mask[:1], torch.zeros_like(mask)])  # (K + 1, N): grey only on the input
-        grid = image_grid(tiles, min(samples + 1, 8), hole, d.patch_size)
+        grid = image_grid(tiles, min(samples + 1, 8), hole, data.patch_size)
         write_atomically(out, lambda f: save_grid(grid, f, scale=4), "--out")
     return {
         "out": str(out),
         "filled_patches": int(mask[0].sum()),
         "patches": mask.shape[1],
-        "image_size": d.image_size,
+        "image_size": data.image_size,
         "samples": samples,
     }
 
@@ -315,19 +324,16 @@ def sample(
     choice_temperature: float = 0.0,
 ) -> dict:
     """Generate `n` images from a fully masked canvas (sampling.sample_images); write them as one PNG grid."""
-    if not 1 <= n <= MAX_GRID_IMAGES:
-        raise UserError(f"--n must be at least 1 and at most {MAX_GRID_IMAGES} (images in one PNG grid), got {n}")
+    check_grid_count(n, "--n", "images")
     options = DecodeOptions(steps, temperature, order, choice_temperature)  # checks every value
-    check_seed(seed, "--seed")
     check_out_file(out, inputs=(path,))
-    device = resolve_device(device_name)
-    model, cfg, _ = load_model(path, device)
-    d = cfg.data
+    model, cfg, device = open_model(path, device_name, seed, loads_data=False)
+    data = cfg.data
     generator = torch.Generator(device=device).manual_seed(seed)
-    images = sample_images(model, n, d.image_size, d.patch_size, options, generator, device)  # (n, S, S)
+    images = sample_images(model, n, data.image_size, data.patch_size, options, generator, device)  # (n, S, S)
     grid = image_grid(images, math.ceil(math.sqrt(n)))
     write_atomically(out, lambda f: save_grid(grid, f, scale=3), "--out")
-    return {"out": str(out), "n": n, "image_size": d.image_size, "steps": steps, "temperature": temperature}
+    return {"out": str(out), "n": n, "image_size": data.image_size, "steps": steps, "temperature": temperature}
 
 
 def count_params(config: Path | None, checkpoint: Path | None, overrides: list[str]) -> list[ParamRow]:
@@ -345,10 +351,7 @@ def preview(config: Path | None, overrides: list[str], out: Path, count: int, se
     from vitmask.data.preview import format_stats, write_preview
 
     cfg = resolve_config(config, overrides)
-    if not 1 <= count <= MAX_GRID_IMAGES:
-        raise UserError(
-            f"--count must be at least 1 and at most {MAX_GRID_IMAGES} (images in one PNG grid), got {count}"
-        )
+    check_grid_count(count, "--count", "images")
     check_seed(seed, "--seed")
     check_out_file(out, make_folder=True)
     check_fits(cfg, torch.device("cpu"), training=False, what="loading the data of")
@@ -371,9 +374,6 @@ def probe_checkpoint(
     the majority class."""
     if split not in ("val", "test"):
         raise UserError(f"unknown split '{split}' for probe; use val or test (the probes are fitted on train)")
-    device = resolve_device(device_name)
-    check_seed(seed, "--seed")
-    model, cfg, _ = load_model(path, device)
-    check_fits(cfg, device, training=False)
+    model, cfg, device = open_model(path, device_name, seed)
     report = run_probes(model, cfg, load_data(cfg, device, load_labelled_splits), split, layer, k, seed, pool, grid)
     return {"checkpoint": str(path), **report}

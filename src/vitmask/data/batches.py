@@ -35,11 +35,13 @@ class LabelledSplits:
 
 def load_labelled_splits(cfg: Config) -> LabelledSplits:
     """The train/val/test images of the configured source with their labels (see sources, shapes)."""
-    d = cfg.data
-    seed = cfg.seed if d.split_seed is None else d.split_seed  # other training seeds, the same test images
-    if d.source == "shapes":
-        return LabelledSplits(*shapes.make_labelled_splits(d.num_train, d.num_val, d.num_test, d.image_size, seed))
-    images, labels = sources.load_source_labelled(d, seed)
+    data = cfg.data
+    seed = cfg.seed if data.split_seed is None else data.split_seed  # other training seeds, the same test images
+    if data.source == "shapes":
+        return LabelledSplits(
+            *shapes.make_labelled_splits(data.num_train, data.num_val, data.num_test, data.image_size, seed)
+        )
+    images, labels = sources.load_source_labelled(data, seed)
     return LabelledSplits(images, None, labels) if isinstance(labels, str) else LabelledSplits(images, labels)
 
 

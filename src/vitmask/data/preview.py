@@ -26,8 +26,8 @@ PAD = 2  # pixels between grid cells (make_grid's padding)
 
 def dataset_stats(splits: dict[str, torch.Tensor], cfg: Config, top: int = 5) -> dict:
     """Counts per split, foreground fraction per split, and the patch-class histogram of train."""
-    d = cfg.data
-    counts = class_counts(splits["train"], d.patch_size, d.num_classes)  # (C,)
+    data = cfg.data
+    counts = class_counts(splits["train"], data.patch_size, data.num_classes)  # (C,)
     share = counts.double() / counts.sum()  # (C,)
     order = share.argsort(descending=True)[:top]
     return {
@@ -39,26 +39,26 @@ def dataset_stats(splits: dict[str, torch.Tensor], cfg: Config, top: int = 5) ->
 
 
 def format_stats(stats: dict, cfg: Config) -> str:
-    d, m = cfg.data, cfg.mask
-    n_mask = num_masked(d.num_patches, m.ratio)
-    lo, hi = m.ratio_range or (0, 1)
-    counts = f"{num_masked(d.num_patches, lo)}..{num_masked(d.num_patches, hi)}"
+    data, mask = cfg.data, cfg.mask
+    n_mask = num_masked(data.num_patches, mask.ratio)
+    lo, hi = mask.ratio_range or (0, 1)
+    counts = f"{num_masked(data.num_patches, lo)}..{num_masked(data.num_patches, hi)}"
     ranged = {
         "fixed": "",
         "uniform": f"; training draws M uniformly from {counts} per batch",
         "cosine": f"; training draws M from {counts} per batch, ratio cos(pi/2 u) in [{lo}, {hi}]",
-    }[m.ratio_schedule]
+    }[mask.ratio_schedule]
     lines = [
-        f"source {d.source}" + ("" if d.source == "shapes" else f" ({d.path})"),
-        f"images {d.image_size}x{d.image_size}, patches {d.patch_size}x{d.patch_size}: "
-        f"{d.num_patches} per image, {d.num_classes} classes",
-        f"mask {m.strategy}, ratio {m.ratio} ({n_mask} of {d.num_patches} patches){ranged}",
+        f"source {data.source}" + ("" if data.source == "shapes" else f" ({data.path})"),
+        f"images {data.image_size}x{data.image_size}, patches {data.patch_size}x{data.patch_size}: "
+        f"{data.num_patches} per image, {data.num_classes} classes",
+        f"mask {mask.strategy}, ratio {mask.ratio} ({n_mask} of {data.num_patches} patches){ranged}",
         f"{'split':<6} {'images':>8}  foreground",
     ]
     for k in SPLITS:
         lines.append(f"{k:<6} {stats['images'][k]:>8,}  {stats['foreground'][k]:.4f}")
     lines.append(f"empty patches (train) {stats['empty_patch_share']:.4f}")
-    top = ", ".join(f"{c} [{patch_label(c, d.patch_size)}] {s:.4f}" for c, s in stats["top_classes"])
+    top = ", ".join(f"{c} [{patch_label(c, data.patch_size)}] {s:.4f}" for c, s in stats["top_classes"])
     lines.append(f"most common patch classes (train): {top}")
     return "\n".join(lines)
 

@@ -120,9 +120,9 @@ def fit_baselines(
     The neighbour tables see masked patches of `train` under masks of `strategy` (default the
     evaluation's, data.eval_strategy) drawn at `ratio` from `seed`.
     """
-    d = cfg.data
-    c, n_patches = d.num_classes, d.num_patches
-    classes = patches_to_classes(patchify(train, d.patch_size))  # (n, N)
+    data = cfg.data
+    c, n_patches = data.num_classes, data.num_patches
+    classes = patches_to_classes(patchify(train, data.patch_size))  # (n, N)
     counts = torch.bincount(classes.flatten(), minlength=c)  # (C,)
     at = torch.arange(n_patches, device=train.device).expand_as(classes)  # (n, N)
     by_pos = torch.bincount((at * c + classes).flatten(), minlength=n_patches * c).view(n_patches, c)  # (N, C)
@@ -131,8 +131,8 @@ def fit_baselines(
         for offsets in (EIGHT, FOUR):
             codes, centres = [], []
             for batch in eval_batches(train, cfg, ratio, seed, batch_size, strategy):
-                ctx = context_codes(batch.targets, batch.mask, d.grid, c, offsets)  # (B, N)
+                ctx = context_codes(batch.targets, batch.mask, data.grid, c, offsets)  # (B, N)
                 codes.append(ctx.gather(1, batch.ids).flatten())
                 centres.append(batch.masked_targets.flatten())
             tables.append(fit_table(torch.cat(codes), torch.cat(centres), c, offsets))
-    return Baselines(c, d.grid, int(counts.argmax()), by_pos.argmax(1), tables)
+    return Baselines(c, data.grid, int(counts.argmax()), by_pos.argmax(1), tables)

@@ -46,10 +46,10 @@ def evaluate(
     was_training = model.training
     model.eval()
     dev = images.device
-    c = cfg.data.num_classes
-    scores = MaskedPatchMetrics(c, dev, by_class=True)
-    majority = MaskedPatchMetrics(c, dev)
-    others = {name: MaskedPatchMetrics(c, dev) for name in NAMES} if baselines is not None else {}
+    num_classes = cfg.data.num_classes
+    scores = MaskedPatchMetrics(num_classes, dev, by_class=True)
+    majority = MaskedPatchMetrics(num_classes, dev)
+    others = {name: MaskedPatchMetrics(num_classes, dev) for name in NAMES} if baselines is not None else {}
     batches = eval_batches(images, cfg, ratio, seed, batch_size, strategy)
     total = -(-len(images) // batch_size)
     if max_batches:

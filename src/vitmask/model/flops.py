@@ -17,22 +17,22 @@ def forward_flops_per_image(cfg: Config, masked_last_block: bool = True) -> int:
     embedding 2 N P D and the head 2 M D C. Norms, softmax, GELU, RoPE and the loss are left out
     (under 2% here).
     """
-    m, d = cfg.model, cfg.data
-    n, dim, f = d.num_patches, m.hidden_dim, m.ffn_dim
-    kv = m.kv_heads * m.head_dim
+    arch, data = cfg.model, cfg.data
+    n, dim, f = data.num_patches, arch.hidden_dim, arch.ffn_dim
+    kv = arch.kv_heads * arch.head_dim
     masked = num_masked(n, cfg.mask.ratio)
 
     def block(q: int) -> int:
-        ffn = 2 * q * f * dim * m.ffn_matrices
-        proj = 2 * q * dim * dim if m.out_proj else 0
-        conv = 2 * n * dim * m.token_conv**2
+        ffn = 2 * q * f * dim * arch.ffn_matrices
+        proj = 2 * q * dim * dim if arch.out_proj else 0
+        conv = 2 * n * dim * arch.token_conv**2
         return 2 * q * dim * dim + 2 * n * dim * 2 * kv + 2 * 2 * q * n * dim + proj + ffn + conv
 
-    if m.decoder != "none":
+    if arch.decoder != "none":
         return encoder_decoder_flops_per_image(cfg, masked_last_block)
-    embed = 2 * n * d.patch_dim * dim
-    head = 2 * masked * dim * d.num_classes
-    return embed + (m.depth - 1) * block(n) + block(masked if masked_last_block else n) + head
+    embed = 2 * n * data.patch_dim * dim
+    head = 2 * masked * dim * data.num_classes
+    return embed + (arch.depth - 1) * block(n) + block(masked if masked_last_block else n) + head
 
 
 def attention_block_flops(q: int, n: int, dim: int, kv: int, ffn: int, ffn_matrices: int, out_proj: bool) -> int:
@@ -51,28 +51,28 @@ def encoder_decoder_flops_per_image(cfg: Config, masked_last_block: bool = True)
     FFN 2 M E Fe x (2, or 3 for swiglu), plus with decoder_self_attn a self-attention among the M
     queries (Q, K, V 2 M E 3E, 2 x 2 M M E, output 2 M E^2). Head 2 M E C.
     """
-    m, d = cfg.model, cfg.data
-    dm = m.decoder_config
-    n = d.num_patches
+    arch, data = cfg.model, cfg.data
+    dm = arch.decoder_config
+    n = data.num_patches
     masked = num_masked(n, cfg.mask.ratio)
     visible = n - masked
-    mats = m.ffn_matrices
-    enc = 2 * visible * d.patch_dim * m.hidden_dim + m.depth * attention_block_flops(
-        visible, visible, m.hidden_dim, m.kv_heads * m.head_dim, m.ffn_dim, mats, m.out_proj
+    mats = arch.ffn_matrices
+    enc = 2 * visible * data.patch_dim * arch.hidden_dim + arch.depth * attention_block_flops(
+        visible, visible, arch.hidden_dim, arch.kv_heads * arch.head_dim, arch.ffn_dim, mats, arch.out_proj
     )
     e, fe = dm.hidden_dim, dm.ffn_dim
-    project = 2 * visible * m.hidden_dim * e
-    if m.decoder == "self":
+    project = 2 * visible * arch.hidden_dim * e
+    if arch.decoder == "self":
         last = masked if masked_last_block else n
-        dec = (dm.depth - 1) * attention_block_flops(n, n, e, e, fe, mats, m.out_proj)
-        dec += attention_block_flops(last, n, e, e, fe, mats, m.out_proj)
+        dec = (dm.depth - 1) * attention_block_flops(n, n, e, e, fe, mats, arch.out_proj)
+        dec += attention_block_flops(last, n, e, e, fe, mats, arch.out_proj)
     else:
-        out = 2 * masked * e * e if m.out_proj else 0
+        out = 2 * masked * e * e if arch.out_proj else 0
         cross = 2 * masked * e * e + 2 * visible * e * 2 * e + 2 * 2 * masked * visible * e + out
         ffn = 2 * masked * fe * e * mats
-        own = attention_block_flops(masked, masked, e, e, 0, mats, m.out_proj) if m.decoder_self_attn else 0
+        own = attention_block_flops(masked, masked, e, e, 0, mats, arch.out_proj) if arch.decoder_self_attn else 0
         dec = dm.depth * (cross + ffn + own)
-    head = 2 * masked * e * d.num_classes
+    head = 2 * masked * e * data.num_classes
     return enc + project + dec + head
 
 

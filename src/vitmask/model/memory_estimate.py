@@ -49,9 +49,13 @@ def param_count(cfg: Config) -> int:
         with torch.device("meta"):
             model = build_model(cfg)
     except (TypeError, RuntimeError, OverflowError, ValueError):  # a size past int64: torch cannot even describe it
-        m, d = cfg.model, cfg.data
-        dim, ffn = m.hidden_dim, m.ffn_dim
-        return d.num_patches * dim + m.depth * (4 * dim * dim + 3 * dim * ffn) + dim * (d.patch_dim + d.num_classes)
+        arch, data = cfg.model, cfg.data
+        dim, ffn = arch.hidden_dim, arch.ffn_dim
+        return (
+            data.num_patches * dim
+            + arch.depth * (4 * dim * dim + 3 * dim * ffn)
+            + dim * (data.patch_dim + data.num_classes)
+        )
     return sum(p.numel() for p in model.parameters())
 
 
@@ -80,36 +84,36 @@ class Estimate:
 
 def estimate(cfg: Config, device_type: str = "cpu", training: bool = True) -> Estimate:
     """The memory `cfg` needs to train (or, with training=False, to evaluate) on a device type."""
-    m, d = cfg.model, cfg.data
-    n, dim, ffn, c = d.num_patches, m.hidden_dim, m.ffn_dim, d.num_classes
+    arch, data = cfg.model, cfg.data
+    n, dim, ffn, c = data.num_patches, arch.hidden_dim, arch.ffn_dim, data.num_classes
     masked = num_masked(n, cfg.mask.ratio)
     value = 4 if precision(cfg, device_type) == "fp32" else 2
     params = param_count(cfg)
     scores = writes_out_attention(cfg, device_type)
-    b = d.batch_size
-    ffn_tensors = m.ffn_matrices  # each FFN matrix keeps one (B, N, F) activation
+    b = data.batch_size
+    ffn_tensors = arch.ffn_matrices  # each FFN matrix keeps one (B, N, F) activation
     per_block = b * n * (8 * dim + ffn_tensors * ffn) * value
-    if m.decoder != "none":  # its blocks see all N tokens (self) or ask from the M masked ones (cross)
-        dec = m.decoder_config
-        per_block += dec.depth * b * n * (8 * dec.hidden_dim + ffn_tensors * dec.ffn_dim) * value // max(m.depth, 1)
+    if arch.decoder != "none":  # its blocks see all N tokens (self) or ask from the M masked ones (cross)
+        dec = arch.decoder_config
+        per_block += dec.depth * b * n * (8 * dec.hidden_dim + ffn_tensors * dec.ffn_dim) * value // max(arch.depth, 1)
     parts = {
         "weights, gradients and Adam state": (16 if training else 4) * params,
-        "activations": m.depth * per_block + 3 * b * masked * c * 4 if training else 0,
-        f"attention scores (B, H, N, N) = {b} x {m.num_heads} x {n} x {n}": (
-            m.depth * b * m.num_heads * n * n * value if training and scores else 0
+        "activations": arch.depth * per_block + 3 * b * masked * c * 4 if training else 0,
+        f"attention scores (B, H, N, N) = {b} x {arch.num_heads} x {n} x {n}": (
+            arch.depth * b * arch.num_heads * n * n * value if training and scores else 0
         ),
         f"evaluation (batch {EVAL_BATCH})": EVAL_BATCH
         * n
-        * (4 * dim + ffn_tensors * ffn + scores * m.num_heads * n)
+        * (4 * dim + ffn_tensors * ffn + scores * arch.num_heads * n)
         * 4,
     }
-    images = d.num_train + d.num_val + d.num_test if d.source == "shapes" else 0
-    pixels = d.image_size * d.image_size
-    data = images * pixels * 8
-    if d.source == "shapes":
+    images = data.num_train + data.num_val + data.num_test if data.source == "shapes" else 0
+    pixels = data.image_size * data.image_size
+    image_bytes = images * pixels * 8
+    if data.source == "shapes":
         chunk = max(1, min(2048, CHUNK_PIXELS // pixels, images))
-        data += chunk * MAX_SHAPES * pixels * 64  # a chunk's (n, S, H, W) float temporaries
-    parts["images"] = data
+        image_bytes += chunk * MAX_SHAPES * pixels * 64  # a chunk's (n, S, H, W) float temporaries
+    parts["images"] = image_bytes
     return Estimate(parts)
 
 

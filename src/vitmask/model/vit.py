@@ -162,8 +162,8 @@ class MaskedPatchViT(nn.Module):
 
 
 def build_model(cfg: Config) -> MaskedPatchViT:
-    d = cfg.data
-    return MaskedPatchViT(cfg.model, d.num_patches, d.patch_dim, d.num_classes, cfg.mask.fill)
+    data = cfg.data
+    return MaskedPatchViT(cfg.model, data.num_patches, data.patch_dim, data.num_classes, cfg.mask.fill)
 
 
 def predict_every_patch(model: torch.nn.Module, patches: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -117,15 +117,6 @@ def _link_atomically(src: Path, dst: Path) -> None:
             pass
 
 
-def latest_checkpoint(run_dir: str | Path) -> Path | None:
-    """The newest checkpoint of a run dir: last.pt, else the highest step_*.pt, else None."""
-    last = Path(run_dir) / "last.pt"
-    if last.is_file():
-        return last
-    steps = step_files(run_dir)
-    return steps[-1][1] if steps else None
-
-
 def remove_stale_temps(run_dir: str | Path) -> list[Path]:
     """Delete temp files left by a process killed mid-save (never a finished file); call it only
     while holding the run dir's lock, so no live process is writing them."""

@@ -35,7 +35,6 @@ Owning the dir (`RunDir`, a context manager; under torchrun only rank 0 enters i
 """
 
 import contextlib
-import dataclasses
 import os
 import signal
 import threading
@@ -43,7 +42,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from vitmask.config import Config, load_config
+from vitmask.config import Config, flatten_config, load_config
 from vitmask.errors import UserError, warn
 from vitmask.outputs import WriteError, os_error_in, reason, write_error
 from vitmask.runs.checkpoint import check_resumable, config_of, load_checkpoint, remove_stale_temps, step_files
@@ -133,7 +132,7 @@ def check_same_run(state: dict, path: Path, run_dir: Path) -> bool:
     Returns whether it is the same run: False for a new run forked from `path` into a dir without
     checkpoints. With run ids on both sides they decide; without, the checkpoint must lie in the dir.
     """
-    inside = _same_dir(path.parent, run_dir)
+    inside = same_dir(path.parent, run_dir)
     if not has_checkpoints(run_dir):
         return inside
     theirs, ours = run_id_of_dir(run_dir), state.get("run_id")
@@ -153,7 +152,7 @@ def check_same_run(state: dict, path: Path, run_dir: Path) -> bool:
     return True
 
 
-def _same_dir(a: Path, b: Path) -> bool:
+def same_dir(a: Path, b: Path) -> bool:
     try:
         return a.resolve() == b.resolve() or (a.exists() and b.exists() and os.path.samefile(a, b))
     except OSError:
@@ -161,19 +160,9 @@ def _same_dir(a: Path, b: Path) -> bool:
 
 
 # ---- which config -----------------------------------------------------------------------------
-def _flat(cfg: Config) -> dict:
-    out = {}
-    for k, v in dataclasses.asdict(cfg).items():
-        if isinstance(v, dict):
-            out.update({f"{k}.{kk}": vv for kk, vv in v.items()})
-        else:
-            out[k] = v
-    return out
-
-
 def reconcile(trained: Config, asked: Config) -> list[str]:
     """The RESUMABLE changes from `trained` to `asked`; any other difference is refused."""
-    old, new = _flat(trained), _flat(asked)
+    old, new = flatten_config(trained), flatten_config(asked)
     diff = [k for k in new if old.get(k) != new[k]]
     refused = [k for k in diff if k not in RESUMABLE]
     if refused:

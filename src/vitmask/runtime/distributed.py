@@ -82,14 +82,6 @@ def all_sum(t: torch.Tensor, world: World) -> torch.Tensor:
     return t
 
 
-def all_mean(t: torch.Tensor, world: World) -> torch.Tensor:
-    """Elementwise mean of `t` over ranks, in place."""
-    if world.distributed:
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)
-        t /= world.size
-    return t
-
-
 def any_rank(flag: bool, world: World) -> bool:
     """True when `flag` is true on any rank (a CPU collective: no GPU sync on the gloo group)."""
     if not world.distributed:

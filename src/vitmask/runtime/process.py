@@ -195,16 +195,16 @@ def set_rng_state(state: dict) -> None:
 def prepare_process(cfg: Config, device: torch.device, world: World) -> None:
     """Check that a training run can work here, then set the process-wide state it needs before its
     model is built: glibc keeping freed memory (CPU), deterministic algorithms, every RNG seeded."""
-    t = cfg.train
-    check_precision(t.precision, device)
-    if t.precision == "auto" and world.main:
-        print(f"train.precision=auto: {precision_on(t.precision, device)} on this {device.type}")
+    train = cfg.train
+    check_precision(train.precision, device)
+    if train.precision == "auto" and world.main:
+        print(f"train.precision=auto: {precision_on(train.precision, device)} on this {device.type}")
     if device.type == "cpu":
         keep_freed_memory()  # no page faults on every step's activations
-    check_batch(cfg.data.batch_size, t.accum_steps, world)
-    if t.compile:
+    check_batch(cfg.data.batch_size, train.accum_steps, world)
+    if train.compile:
         check_compile(device)
-    set_deterministic(t.deterministic)
+    set_deterministic(train.deterministic)
     seed_everything(cfg.seed)
 
 

@@ -23,18 +23,14 @@ import torch
 from tqdm import tqdm
 
 from vitmask import outputs
-from vitmask.config import Config
+from vitmask.config import Config, flatten_config
 from vitmask.evaluate.metrics import SCALARS
 from vitmask.train.loggers import NullLogger
 
 
 def flat_hparams(cfg: Config) -> dict[str, int | float | str | bool]:
     """Every config key as `section.key` (top-level keys as they are), in values TensorBoard takes."""
-    raw = cfg.to_dict()
-    hparams = {}
-    for section in ("train", "model", "mask", "data"):
-        hparams.update({f"{section}.{k}": v for k, v in raw.pop(section).items()})
-    hparams.update(raw)
+    hparams = flatten_config(cfg)
     # TensorBoard takes scalars and strings only: lists (ranges) and None become text
     return {k: v if isinstance(v, (int, float, str, bool)) else str(v) for k, v in hparams.items()}
 
@@ -53,8 +49,8 @@ class Reporter:
     def start(self, step: int, progress: bool | None = None) -> None:
         """The loop starts at `step`: a progress bar when `progress` (default: stdout is a terminal)."""
         self.progress = sys.stdout.isatty() and self.main if progress is None else progress
-        t = self.cfg.train
-        self.bar = tqdm(total=t.max_steps, initial=step, disable=not self.progress, file=sys.stdout, desc="train")
+        train = self.cfg.train
+        self.bar = tqdm(total=train.max_steps, initial=step, disable=not self.progress, file=sys.stdout, desc="train")
         self._window_start = time.perf_counter()
 
     def advance(self) -> None:

@@ -47,18 +47,18 @@ class Trainer:
     ):
         self.world: World = world or World()
         process.prepare_process(cfg, device, self.world)  # checks, then seeds: before the model is built
-        self.cfg, self.device, t = cfg, device, cfg.train
+        self.cfg, self.device, train = cfg, device, cfg.train
         self.probe = probe  # probe.OnlineProbe, run every train.probe_every steps (rank 0), or None
         self.model = build_model(cfg).to(device)  # the plain module: state dicts and evaluation use it
-        self.optimizer = build_optimizer(self.model, t)
-        self.scheduler = build_scheduler(self.optimizer, t)
-        self.scaler = process.grad_scaler(t.precision, device)
+        self.optimizer = build_optimizer(self.model, train)
+        self.scheduler = build_scheduler(self.optimizer, train)
+        self.scaler = process.grad_scaler(train.precision, device)
         self.ddp = distributed.data_parallel(self.model, device, self.world)  # None in a world of one
         net = self.ddp if self.ddp is not None else self.model
-        self.net = torch.compile(net) if t.compile else net  # what the training step calls
+        self.net = torch.compile(net) if train.compile else net  # what the training step calls
         # under a ratio schedule M changes from batch to batch: compile the step for any M at once,
         # not first for the M of batch 1 and again when the second differs (28 s of a cold start)
-        self.any_masked_count = t.compile and cfg.mask.ratio_schedule != "fixed"
+        self.any_masked_count = train.compile and cfg.mask.ratio_schedule != "fixed"
         self.sampler = BatchSampler(splits["train"].to(device), cfg, self.world.rank, self.world.size)
         self.validator = Validator(cfg, splits, device)
         self.reporter = Reporter(cfg, logger, device, main=self.world.main)
@@ -67,16 +67,16 @@ class Trainer:
         self.train_metrics = MaskedPatchMetrics(cfg.data.num_classes, device)  # since the last log
         self._grad_norm_sum = torch.zeros((), device=device)  # since the last log
         self._steps_since_log = 0
-        self._lr = t.lr  # the lr of the last step (a Python float)
+        self._lr = train.lr  # the lr of the last step (a Python float)
         self.run_id: str | None = None  # the run's id, saved in every checkpoint (rundir.py)
         self._stepped = False  # whether a step has run in this process (a compiled one compiles)
 
     # ---- one step ---------------------------------------------------------------------------
     def train_step(self, batch: Batch) -> dict[str, torch.Tensor]:
         """One optimisation step over `batch` (this rank's shard), in `train.accum_steps` micro-batches."""
-        t = self.cfg.train
+        train = self.cfg.train
         self.net.train()
-        micro = batch.split(t.accum_steps)
+        micro = batch.split(train.accum_steps)
         losses, preds = [], []
         for i, mb in enumerate(micro):
             last = i == len(micro) - 1
@@ -84,14 +84,14 @@ class Trainer:
             with sync:
                 if self.any_masked_count:
                     torch._dynamo.maybe_mark_dynamic(mb.ids, 1)  # M: a size of the graph, not a constant
-                with process.autocast(t.precision, self.device):
+                with process.autocast(train.precision, self.device):
                     logits = self.net(mb.patches, mb.mask, mb.ids)  # (b, M, C)
                 loss = masked_loss(logits, mb.masked_targets)
                 self.scaler.scale(loss / len(micro)).backward()
             losses.append(loss.detach())
             preds.append(logits.detach().argmax(-1))  # (b, M)
         self.scaler.unscale_(self.optimizer)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.grad_clip or math.inf)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), train.grad_clip or math.inf)
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
@@ -142,20 +142,20 @@ class Trainer:
     # ---- the loop ---------------------------------------------------------------------------
     def fit(self, run_dir: Path | None = None, progress: bool | None = None) -> dict[str, float]:
         """Train until train.max_steps; validate, log and checkpoint on the configured cadence."""
-        t = self.cfg.train
-        checkpointer = Checkpointer(run_dir, t, self.world)
+        train = self.cfg.train
+        checkpointer = Checkpointer(run_dir, train, self.world)
         self.reporter.start(self.step, progress)
         val: dict[str, float] = {}
         with StopSignals() as stop:
-            while self.step < t.max_steps:
+            while self.step < train.max_steps:
                 self._run_step()
                 self.reporter.advance()
-                last = self.step == t.max_steps
-                if self.step % t.log_every == 0 or last:
+                last = self.step == train.max_steps
+                if self.step % train.log_every == 0 or last:
                     self._log_train()
-                if self.step % t.eval_every == 0 or last:
+                if self.step % train.eval_every == 0 or last:
                     val = self._validate(checkpointer)
-                if self.probe is not None and (self.step % t.probe_every == 0 or last):
+                if self.probe is not None and (self.step % train.probe_every == 0 or last):
                     self._probe()
                 saved = checkpointer.due(self.step)
                 if saved:
