@@ -30,6 +30,8 @@ lint: install
 	$(PY) -m ruff check src tests scripts
 	$(PY) -m ruff format --check src tests scripts
 	$(PY) scripts/check_imports.py
+	$(PY) scripts/check_history.py
+	$(PY) scripts/check_links.py
 
 format: install
 	$(PY) -m ruff format src tests scripts
