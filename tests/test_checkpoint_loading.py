@@ -1,4 +1,4 @@
-"""Loading checkpoints: a file laid out exactly as today's trainer writes it (format
+"""Loading checkpoints: a file laid out exactly as the trainer writes it (format
 'vitmask-checkpoint/1') loads for eval and for resume; a model of another shape is refused the same
 way by every loader; count-params counts a checkpoint's model."""
 

@@ -1,5 +1,5 @@
 """The encoder-decoder designs (model.decoder: self | cross): cross-attention against torch's own
-module and against seed 004's example computed by hand, the visible-token gather against a
+module and against the example of docs/notation.md computed by hand, the visible-token gather against a
 per-image loop, what the encoder and the logits may not see, rotary positions of gathered tokens,
 gradients, checkpoints, every verb, and the configs that are refused. (Their FLOP count is tested in
 tests/test_flops.py, their parameter table in tests/test_params.py.)"""
@@ -68,13 +68,13 @@ def test_cross_attention_equals_torch_multihead_attention_with_copied_weights(mo
 
 
 def test_cross_attention_reproduces_seed_004_decoder_example_computed_by_hand():
-    # seed 004's decoder step: y = [0.1, 0.2, 0.3, 0.4], two heads of width 2 with its W^Q, W^K, W^V,
+    # the decoder step of docs/notation.md: y = [0.1, 0.2, 0.3, 0.4], two heads of width 2, its W^Q, W^K, W^V,
     # then its W^O. By hand: Q_1 = [0.5, 0.6], K_1 = [0.6, 0.7], V_1 = [0.7, 0.8];
-    # Q_2 = [0.6, 0.7], K_2 = [0.7, 0.8], V_2 = [0.8, 0.9]; Q_1 K_1^T = 0.30 + 0.42 = 0.72 (the seed
-    # writes 0.82), Q_2 K_2^T = 0.42 + 0.56 = 0.98 (the seed: 1.06). One key, so each softmax is 1
+    # Q_2 = [0.6, 0.7], K_2 = [0.7, 0.8], V_2 = [0.8, 0.9]; Q_1 K_1^T = 0.30 + 0.42 = 0.72 (the notes
+    # write 0.82), Q_2 K_2^T = 0.42 + 0.56 = 0.98 (the notes: 1.06). One key, so each softmax is 1
     # and the output is [V_1, V_2] W^O = [0.7, 0.8, 0.8, 0.9] W^O = [2.36, 2.68, 3.00, 3.32]
-    # (the seed: [1.78, 1.90, 2.02, 2.14]).
-    def w(start):  # the seed's 4 x 2 matrices: rows start + 0.4 i, columns + 0.1 j
+    # (the notes: [1.78, 1.90, 2.02, 2.14]).
+    def w(start):  # the example's 4 x 2 matrices: rows start + 0.2 i, columns + 0.1 j
         return torch.tensor([[start + 0.2 * i + 0.1 * j for j in range(2)] for i in range(4)])
 
     w_q = torch.cat([w(0.1), w(0.2)], dim=1)  # (4, 4): head 1's columns, then head 2's

@@ -1,5 +1,5 @@
-"""The model's parts against independent computations: seed 000's worked FFN example and head
-split, a hand-written attention, torch's own modules, and seed 001's parameter count."""
+"""The model's parts against independent computations: the worked FFN example and head split of
+docs/notation.md, a hand-written attention, torch's own modules, and configs/seed.yaml's parameter count."""
 
 import math
 
@@ -14,7 +14,7 @@ from vitmask.model.vit import MaskedPatchViT, build_model
 
 
 def test_ffn_matches_seed_000_forward_and_backward():
-    # seed 000, section 4a. Its W_2 and b_2 are not printed; these are the ones consistent with its
+    # docs/notation.md, worked examples. W_2 and b_2 are not printed there; these are the ones consistent with its
     # Y: row 1 of W_2 follows from Y_1 - Y_2 = 2 * W_2[0], the rest is one valid choice.
     X = torch.tensor([[1.0, 0, 2, 1], [0, 1, 1, 0]])
     W1 = torch.tensor([[1.0, 0, 1], [0, 1, 1], [1, 0, 0], [0, 1, 0]])
@@ -34,7 +34,7 @@ def test_ffn_matches_seed_000_forward_and_backward():
     assert Y.tolist() == [[4, 2, 5, 2], [2, 2, 3, 2]]
     loss = 0.5 * ((Y - T) ** 2).sum()
     loss.backward()
-    dW2 = ffn.fc2.weight.grad.T  # dL/dW_2 = V^T dY, in the seed's orientation
+    dW2 = ffn.fc2.weight.grad.T  # dL/dW_2 = V^T dY, in the example's orientation
     assert dW2.tolist() == [[11, 8, 17, 4], [10, 8, 14, 4], [5, 4, 7, 2]]
     assert ffn.fc2.bias.grad.tolist() == [5, 4, 7, 2]
 
@@ -185,7 +185,7 @@ def test_last_block_on_masked_tokens_only_equals_the_full_forward(variant):
 
 
 def hand_forward(model: MaskedPatchViT, patches: torch.Tensor, mask: torch.Tensor, fill, heads: int) -> torch.Tensor:
-    """Seed 001's single stack written out with plain torch ops from the model's own parameters:
+    """The single stack of docs/notation.md written out with plain torch ops from the model's own parameters:
     embed (masked pixels set to `fill`, or the token set to the mask embedding), add the learned
     positions, pre-norm blocks of softmax(Q K^T / sqrt(d)) V attention and a GELU FFN, the final norm,
     the head. patches (B, N, P), mask (B, N) -> logits (B, N, C)."""

@@ -1,4 +1,4 @@
-"""`vitmask count-params`: one row per parameter tensor with its shape, count and seed 001 name, then
+"""`vitmask count-params`: one row per parameter tensor with its shape, count and docs/notation.md name, then
 the total, counted by hand (for an encoder-decoder model the encoder's and the decoder's totals
 first); from a config or from a checkpoint, and its bad input."""
 

@@ -31,7 +31,7 @@ def test_patches_are_row_major_over_the_grid_and_inside_a_patch():
 
 
 def test_bit_order_first_pixel_is_most_significant():
-    # [[a, b], [c, d]] -> 8a + 4b + 2c + d, the column order of seed 001's logit table
+    # [[a, b], [c, d]] -> 8a + 4b + 2c + d, the column order of the logits (docs/notation.md)
     assert patches_to_classes(torch.tensor([0, 0, 0, 1])).item() == 1
     assert patches_to_classes(torch.tensor([0, 0, 1, 0])).item() == 2
     assert patches_to_classes(torch.tensor([1, 0, 0, 0])).item() == 8

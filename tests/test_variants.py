@@ -1,4 +1,4 @@
-"""The modern variants of seed 002 (RMSNorm, SwiGLU, grouped-query attention, 2D positions) and the
+"""The modern variants (RMSNorm, SwiGLU, grouped-query attention, 2D positions) and the
 explicit attention path, each against a hand-written computation, plus shapes and gradients of the
 whole model in every variant, and the config errors they bring."""
 

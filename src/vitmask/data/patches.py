@@ -10,7 +10,7 @@ the first pixel is the most significant bit of the patch's class. For 2x2 patche
     [c d]   ->   class = 8a + 4b + 2c + d
 
 so [[0, 0], [0, 1]] is class 1 and [[1, 0], [0, 0]] is class 8, matching the column order of the
-logit table in seed 001 ([0,0,0,0], [0,0,0,1], ..., [1,1,1,1]).
+logit table in docs/notation.md ([0,0,0,0], [0,0,0,1], ..., [1,1,1,1]).
 """
 
 import torch

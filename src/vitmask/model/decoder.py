@@ -10,7 +10,7 @@ projects it to its own width E, and predicts the masked patches:
   run over all N tokens; the last block computes only the M masked ones, which the head reads.
 - `cross` (CrossMAE, Fu et al. 2024): the queries are the mask token plus the position of each
   masked patch, (B, M, E) only. Each block cross-attends from the queries to the projected encoder
-  output (seed 004: Q from the decoder, K and V from the encoder), then runs the FFN, each a
+  output (docs/notation.md: Q from the decoder, K and V from the encoder), then runs the FFN, each a
   residual branch with its norm; with `model.decoder_self_attn` the queries first self-attend.
   Queries never see each other otherwise, so every masked patch is predicted independently.
 

@@ -1,5 +1,5 @@
-"""The parameter table printed by `vitmask count-params`: one row per tensor, with the seed 001
-name of each beside ours, then (for an encoder-decoder model) the encoder's and the decoder's
+"""The parameter table printed by `vitmask count-params`: one row per tensor, with the name of
+each in docs/notation.md beside ours, then (for an encoder-decoder model) the encoder's and the decoder's
 totals, then the total. (The FLOP count lives in `flops.py`.)"""
 
 from torch import nn

@@ -40,7 +40,7 @@ def rope_2d_angles(head_dim: int, grid: int) -> torch.Tensor:
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate each pair (x_2i, x_2i+1) by its angle: [[cos, -sin], [sin, cos]] (seed 002).
+    """Rotate each pair (x_2i, x_2i+1) by its angle: [[cos, -sin], [sin, cos]] (docs/notation.md).
 
     x (B, H, N, d); cos, sin (N, d/2), or (B, 1, N, d/2) per image. Returns (B, H, N, d) in x's dtype.
     """

@@ -6,12 +6,12 @@ Shapes: B batch, N patches (tokens), P pixels per patch, D hidden_dim, H heads, 
 (K = H unless grouped-query attention), d = D / H head dim, F ffn_dim, M masked patches per image,
 C token classes, g patches per side of the grid (N = g * g).
 
-The model follows seed 001: each patch's pixels (masked ones replaced by `fill`) are projected up
+The model follows docs/notation.md: each patch's pixels (masked ones replaced by `fill`) are projected up
 to D (Z = X A_up^T + b_up), a positional embedding P (N, D) is added, the blocks mix the
 tokens, and a linear layer maps each token to C class logits (logits = C A_down^T + b_down).
 With `mask.fill: learned`, a masked patch's embedded token is instead a trained vector (D,), as in
 BEiT and SimMIM, before P is added.
-The variants of seed 002 are config choices: RMSNorm, SwiGLU, grouped-query attention, and 2D
+Its variants are config choices: RMSNorm, SwiGLU, grouped-query attention, and 2D
 positions (fixed sin-cos added to the tokens, or rotary applied to queries and keys).
 With `model.decoder: self | cross`, the blocks here are an encoder over the visible patches only
 and a decoder (vitmask.model.decoder) predicts the masked ones; see `MaskedPatchViT`.
