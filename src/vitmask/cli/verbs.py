@@ -27,8 +27,10 @@ from vitmask.model.memory_estimate import check_fits, check_model_fits
 from vitmask.model.params import ParamRow, param_rows
 from vitmask.model.vit import build_model
 from vitmask.outputs import check_out_file, reason, write_atomically, write_text
+from vitmask.runs import export as exports
 from vitmask.runs import rundir
-from vitmask.runs.checkpoint import checkpoint_config, describe_load_failure, load_model
+from vitmask.runs.checkpoint import describe_load_failure
+from vitmask.runs.export import load_model
 from vitmask.runtime import distributed
 from vitmask.runtime.memory import is_out_of_memory, out_of_memory
 from vitmask.runtime.process import resolve_device
@@ -74,16 +76,23 @@ def train(
         distributed.shutdown()
 
 
-def _run(plan: rundir.Resolved, device: torch.device, world: distributed.World) -> dict[str, float]:
-    """Load the data, build (and restore) the trainer, write config.yaml, train; failed writes
-    (a full disk) and allocations end in one line."""
+def _masked_patch_trainer(cfg: Config, data, device: torch.device, **kwargs) -> Trainer:
+    return Trainer(cfg, data.images, device, **kwargs)
+
+
+def _run(
+    plan: rundir.Resolved, device: torch.device, world: distributed.World, make_trainer=_masked_patch_trainer
+) -> dict[str, float]:
+    """Load the data, build (and restore) the trainer (`make_trainer(cfg, labelled splits, device,
+    logger=, world=, probe=)`), write config.yaml, train; failed writes (a full disk) and
+    allocations end in one line."""
     cfg, run_dir = plan.cfg, plan.run_dir
     data = load_data(cfg, device, load_labelled_splits)
     trainer = None
     try:
         probe = online_probe(cfg, data, device) if world.main else None
         logger = TensorBoardLogger(run_dir) if world.main else None
-        trainer = Trainer(cfg, data.images, device, logger=logger, world=world, probe=probe)
+        trainer = make_trainer(cfg, data, device, logger=logger, world=world, probe=probe)
         trainer.run_id = plan.run_id
         if plan.state is not None:
             _restore(trainer, plan)
@@ -174,11 +183,13 @@ def evaluate_checkpoint(
     nll: bool = False,
     nll_strata: int = 16,
     nll_samples: int = 2,
+    weights: str | None = None,
 ) -> dict:
     """The eval report of a checkpoint: the model and the baselines at each mask ratio (default: the
     config's), on `split`, with masks of `strategy` (default the config's, mixed read as random)
     drawn from `seed`; with `centre_box`, also the centre box; with `nll`, the likelihood bound
-    and its baselines (likelihood.nll_report) under "nll"."""
+    and its baselines (likelihood.nll_report) under "nll". `path` is a .pt checkpoint or an export
+    dir; `weights` ema | raw picks a checkpoint's weights (default: the EMA's when it has them)."""
     _check_split(split)
     check_seed(seed, "--seed")
     ratios = [ratios] if isinstance(ratios, (int, float)) else list(ratios or [])
@@ -187,7 +198,7 @@ def evaluate_checkpoint(
     if strategy is not None and strategy not in EVAL_STRATEGIES:
         raise UserError(f"--strategy must be one of {', '.join(EVAL_STRATEGIES)}, got '{strategy}'")
     device = resolve_device(device_name)
-    model, cfg, _ = load_model(path, device)
+    model, cfg, _ = load_model(path, device, weights)
     d = cfg.data
     if nll:
         check_nll_args(d.num_patches, d.num_classes, nll_strata, nll_samples)
@@ -217,7 +228,16 @@ def evaluate_checkpoint(
     return report
 
 
-def reconstruct(path: Path, out: Path, n: int, ratio: float | None, split: str, seed: int, device_name: str) -> Path:
+def reconstruct(
+    path: Path,
+    out: Path,
+    n: int,
+    ratio: float | None,
+    split: str,
+    seed: int,
+    device_name: str,
+    weights: str | None = None,
+) -> Path:
     """Write the reconstruction grid (the picture TensorBoard shows) of the first `n` images of `split`."""
     _check_split(split)
     if ratio is not None:
@@ -227,7 +247,7 @@ def reconstruct(path: Path, out: Path, n: int, ratio: float | None, split: str, 
     check_seed(seed, "--seed")
     check_out_file(out, inputs=(path,))
     device = resolve_device(device_name)
-    model, cfg, _ = load_model(path, device)
+    model, cfg, _ = load_model(path, device, weights)
     check_fits(cfg, device, training=False)
     images = load_data(cfg, device)[split][:n].to(device)
     ratio = cfg.mask.ratio if ratio is None else ratio
@@ -253,6 +273,7 @@ def inpaint(
     samples: int = 1,
     order: str = "confidence",
     choice_temperature: float = 0.0,
+    weights: str | None = None,
 ) -> dict:
     """Fill the patches of a user's image under the boxes and/or mask image; write the filled image,
     or with `samples` K > 1 a grid of the input (the hole grey) and K completions drawn from `seed`."""
@@ -273,7 +294,7 @@ def inpaint(
     check_seed(seed, "--seed")
     check_out_file(out, inputs=(image, mask_path, path))
     device = resolve_device(device_name)
-    model, cfg, _ = load_model(path, device)
+    model, cfg, _ = load_model(path, device, weights)
     d = cfg.data
     gray = load_image_file(image)  # (h, w) uint8
     picture = binarize_images(gray.unsqueeze(0), d)  # (1, S, S) the training preprocessing
@@ -313,6 +334,7 @@ def sample(
     device_name: str,
     order: str = "random",
     choice_temperature: float = 0.0,
+    weights: str | None = None,
 ) -> dict:
     """Generate `n` images from a fully masked canvas (sampling.sample_images); write them as one PNG grid."""
     if not 1 <= n <= MAX_GRID_IMAGES:
@@ -321,7 +343,7 @@ def sample(
     check_seed(seed, "--seed")
     check_out_file(out, inputs=(path,))
     device = resolve_device(device_name)
-    model, cfg, _ = load_model(path, device)
+    model, cfg, _ = load_model(path, device, weights)
     d = cfg.data
     generator = torch.Generator(device=device).manual_seed(seed)
     images = sample_images(model, n, d.image_size, d.patch_size, options, generator, device)  # (n, S, S)
@@ -335,9 +357,13 @@ def count_params(config: Path | None, checkpoint: Path | None, overrides: list[s
     checkpoint's config, describes, `overrides` applied."""
     if (config is None) == (checkpoint is None):
         raise UserError("count-params needs exactly one of --config PATH or --checkpoint PATH")
-    cfg = checkpoint_config(checkpoint, overrides) if checkpoint is not None else load_config(config, overrides)
+    cfg = exports.model_config(checkpoint, overrides) if checkpoint is not None else load_config(config, overrides)
     check_model_fits(cfg)
-    return param_rows(build_model(cfg))
+    model = build_model(cfg)
+    if checkpoint is not None and exports.is_export_dir(checkpoint):
+        if exports.read_export_config(Path(checkpoint))["encoder_only"]:
+            exports.drop_prediction_head(model)
+    return param_rows(model)
 
 
 def preview(config: Path | None, overrides: list[str], out: Path, count: int, seed: int) -> str:
@@ -365,6 +391,7 @@ def probe_checkpoint(
     device_name: str,
     pool: str = "mean",
     grid: int | None = None,
+    weights: str | None = None,
 ) -> dict:
     """The probe report of a checkpoint (probe.py): linear and k-NN accuracy on `split` of its
     features (`layer`, `pool`, `grid`: see `run_probes`), of random weights and of raw pixels, and
@@ -373,7 +400,12 @@ def probe_checkpoint(
         raise UserError(f"unknown split '{split}' for probe; use val or test (the probes are fitted on train)")
     device = resolve_device(device_name)
     check_seed(seed, "--seed")
-    model, cfg, _ = load_model(path, device)
+    model, cfg, _ = load_model(path, device, weights, need_head=False)
     check_fits(cfg, device, training=False)
     report = run_probes(model, cfg, load_data(cfg, device, load_labelled_splits), split, layer, k, seed, pool, grid)
     return {"checkpoint": str(path), **report}
+
+
+def export(path: Path, out: Path, weights: str | None = None, encoder_only: bool = False, onnx: bool = False) -> dict:
+    """Write a checkpoint's model (or an export dir's) as an export dir (runs/export.py)."""
+    return exports.export(path, out, weights, encoder_only, onnx)
