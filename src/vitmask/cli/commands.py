@@ -312,6 +312,40 @@ def export(
     print(f"wrote {r['out']}: {', '.join(r['files'])} ({part}, {r['weights']} weights)")
 
 
+@app.command()
+def finetune(
+    checkpoint: Path = typer.Option(
+        None, "--checkpoint", help="The pretrained model: a .pt checkpoint or an export dir (EMA weights if present)."
+    ),
+    config: Path = ConfigOpt,
+    overrides: list[str] = SetOpt,
+    run_dir: Path = typer.Option(None, "--run-dir", help="Where the run writes; default runs/<config name>-finetune."),
+    resume: str = typer.Option(
+        None, "--resume", help="A fine-tuning checkpoint to continue, or 'auto': the run dir's newest, if any."
+    ),
+    weights: str = WeightsOpt,
+    baselines: bool = typer.Option(
+        True,
+        "--baselines/--no-baselines",
+        help="Also train the same classifier from scratch at the same budget and run the linear probe.",
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print the final numbers as one JSON object."),
+    device: str = DeviceOpt,
+) -> None:
+    """Train a classifier on the labels end to end: the checkpoint's encoder, a new head, pooled as
+    finetune.pool says; then its test accuracy beside the from-scratch and linear-probe baselines."""
+    r = verbs.finetune(checkpoint, config, overrides, run_dir, resume, device, weights, baselines)
+    if as_json:
+        print(json.dumps(r))
+        return
+    print(f"test accuracy on {r['test_images']:,} images after {r['steps']} steps ({r['run_dir']}):")
+    print(f"  fine-tuned      {r['finetuned']:.4f}")
+    if "from_scratch" in r:
+        print(f"  from scratch    {r['from_scratch']:.4f}  (the same classifier from a random init, same budget)")
+    if "linear_probe" in r:
+        print(f"  linear probe    {r['linear_probe']:.4f}  (of {r['checkpoint']}, the same pooling)")
+
+
 def _stop(signum, frame):
     raise Stopped(signum)
 
