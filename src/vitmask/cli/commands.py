@@ -147,7 +147,9 @@ def probe(
         "tokens. Repeat it (--layer 2 --layer 4) to concatenate several blocks' features.",
     ),
     pool: str = typer.Option(
-        "mean", "--pool", help="mean | grid: the mean of all tokens, or of each cell of a --grid, concatenated."
+        "grid",
+        "--pool",
+        help="grid | mean: the mean of each cell of a --grid, concatenated (the default), or of all tokens.",
     ),
     grid: int = typer.Option(
         None, "--grid", help="--pool grid: G cells a side, 1 to the patches a side (default 4): G*G*D features."

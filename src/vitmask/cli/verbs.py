@@ -389,7 +389,7 @@ def probe_checkpoint(
     k: int,
     seed: int,
     device_name: str,
-    pool: str = "mean",
+    pool: str = "grid",
     grid: int | None = None,
     weights: str | None = None,
 ) -> dict:
