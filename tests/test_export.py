@@ -239,8 +239,8 @@ def test_the_onnx_graph_gives_torchs_logits_and_draws_nothing_random(run_cli, tm
     images = load_splits(config_from_dict(state["config"]))["test"][:5]  # a batch size other than the trace's
     patches = patchify(images, 2).float()
     mask = torch.rand(5, 64, generator=torch.Generator().manual_seed(1)) < 0.6
-    session = onnxruntime.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
-    (logits,) = session.run(None, {"patches": patches.numpy(), "mask": mask.numpy()})
+    runtime = onnxruntime.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
+    (logits,) = runtime.run(None, {"patches": patches.numpy(), "mask": mask.numpy()})
     with torch.no_grad():
         want = model(patches, mask)
     assert torch.allclose(torch.from_numpy(logits), want, atol=1e-4, rtol=0)

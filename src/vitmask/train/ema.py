@@ -11,7 +11,7 @@ from averaging in the random initial weights for thousands of steps: decay_t is 
 update, 0.5 at t = 8, 0.9 at t = 80, 0.99 at t = 881 and 0.999 at t = 8990, capped by ema_decay.
 
 The update is one `_foreach_lerp_` over the parameters with a Python float, so it costs no host
-sync; buffers (none is persistent in vitmask's models today) are copied. The EMA's state dict is a
+sync; buffers (the rotary and sin-cos tables, which are constants) are copied. The EMA's state dict is a
 plain model state dict: checkpoints save it as `ema`, and exports and evaluation load it into a
 model like any other weights.
 """
