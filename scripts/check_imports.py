@@ -17,8 +17,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent / "src"
 
 # Lowest first. A package may import from its own layer's package and from any lower layer.
+# The top package (`vitmask/__init__.py`) is the public face: it imports `load_pretrained` lazily
+# (a module __getattr__), so it sits above everything, and modules that read its __version__ import
+# no module by that (the package itself is left out of the graph).
 LAYERS = [
-    {"config", "errors", "outputs", "signals", "__init__"},  # leaves: stdlib and errors only
+    {"config", "errors", "outputs", "signals"},  # leaves: stdlib and errors only
     {"runtime"},
     {"data"},
     {"model"},
@@ -27,6 +30,7 @@ LAYERS = [
     {"runs"},
     {"train"},
     {"cli", "__main__"},
+    {"__init__"},
 ]
 
 

@@ -84,6 +84,7 @@ def test_sigkill_then_resume_ends_bit_identical_to_an_unbroken_run(tmp_path):
                 "schedule": "cosine",
                 "warmup_steps": 5,
                 "grad_clip": 1.0,
+                "ema_decay": 0.9,
             },
             "model": {"dropout": 0.1},  # so every step draws from the torch RNG too
         },
@@ -105,6 +106,10 @@ def test_sigkill_then_resume_ends_bit_identical_to_an_unbroken_run(tmp_path):
     assert a.keys() == b.keys()
     for key in a:
         assert torch.equal(a[key], b[key]), key
+    ema_a, ema_b = (torch.load(run / "last.pt", weights_only=True)["ema"] for run in (whole, broken))
+    assert ema_a.keys() == a.keys()
+    for key in ema_a:  # the EMA of the weights too
+        assert torch.equal(ema_a[key], ema_b[key]), key
     assert load_checkpoint(broken / "last.pt")["step"] == 2 * n
 
 

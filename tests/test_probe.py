@@ -203,8 +203,9 @@ def test_online_probe_logs_knn_on_its_cadence_and_leaves_training_unchanged():
     probes = [(s, m) for s, m in log.rows if "probe/knn_acc" in m]
     assert [s for s, _ in probes] == [10, 20, 30] and set(probes[-1][1]) == {"probe/knn_acc", "probe/linear_acc"}
     # the last value against the brute-force vote on the final model's features (k = 20)
-    feats = {
-        s: probe.extract_features(plain.model, data.images[s][: 200 if s == "train" else None], 2) for s in data.images
+    feats = {  # the default pooling: the 4x4 grid's cell means
+        s: probe.extract_features(plain.model, data.images[s][: 200 if s == "train" else None], 2, grid=4)
+        for s in data.images
     }
     ref = knn_reference(feats["train"], data.labels["train"][:200], feats["val"], 20)
     expected = float(np.mean(np.array(ref) == data.labels["val"].numpy()))
@@ -326,8 +327,13 @@ def test_probe_pool_grid_reports_its_features_in_the_table_and_the_json(run_cli,
     assert report["results"]["model"]["knn_acc"] == by_hand["knn_acc"]
     assert report["results"]["model"]["linear_acc"] == pytest.approx(by_hand["linear_acc"], abs=2 / 64)
     default = json.loads(run_cli("probe", "--checkpoint", ckpt, "--device", "cpu", "--k", "5", "--json").stdout)
-    assert (default["pool"], default["grid"], default["layer"], default["feature_dim"]) == ("mean", None, None, 32)
-    assert default["features"] == "mean of the final normalised tokens"
+    # the default pooling is the grid's: 4x4 cells of 2x2 patches, 16 * 32 features
+    assert (default["pool"], default["grid"], default["layer"], default["feature_dim"]) == ("grid", 4, None, 512)
+    assert default["features"] == "means of the 4x4 grid's cells (2x2 patches each) of the final normalised tokens"
+    mean = json.loads(
+        run_cli("probe", "--checkpoint", ckpt, "--device", "cpu", "--k", "5", "--pool", "mean", "--json").stdout
+    )
+    assert (mean["pool"], mean["grid"], mean["feature_dim"]) == ("mean", None, 32)
 
 
 def test_probe_bad_grid_is_one_line(run_cli, ckpt):
@@ -342,7 +348,7 @@ def test_probe_pool_and_layer_mistakes_are_user_errors(ckpt):
         ({"pool": "grid", "grid": 0}, "--grid 0 is not a cell count for the 8x8 patch grid (16-pixel images in 2-"),
         ({"pool": "grid", "grid": 16}, "--grid 16 is not a cell count for the 8x8 patch grid"),
         ({"pool": "max"}, "unknown --pool 'max'; use mean"),
-        ({"grid": 2}, "--grid 2 needs --pool grid; add --pool grid, or leave --grid out"),
+        ({"pool": "mean", "grid": 2}, "--grid 2 needs --pool grid; add --pool grid, or leave --grid out"),
         ({"layer": [1, 3]}, "--layer 3 is out of range: the model has 2 blocks"),
         ({"layer": [2, 1, 2]}, "--layer 2 is given twice; name each layer once"),
     ]

@@ -1,5 +1,5 @@
 """Exact resume, in process: a trainer built with another seed that loads a checkpoint steps exactly
-as the trainer that wrote it goes on stepping: weights and optimizer moments bit for bit.
+as the trainer that wrote it goes on stepping: weights, their EMA and optimizer moments bit for bit.
 
 Dropout draws from torch's global RNG, `mask.ratio_range` from the sampler's count generator and the
 masks from the sampler's own generator, so a checkpoint missing any of them, the optimizer's moments,
@@ -34,6 +34,7 @@ def config(seed: int, optimizer: str = "adamw"):
         "warmup_steps": 2,
         "grad_clip": 1.0,
         "deterministic": True,
+        "ema_decay": 0.9,
     }
     raw = {
         **TINY,
@@ -52,6 +53,7 @@ def go_on(trainer: Trainer) -> tuple[dict, dict, tuple]:
     for _ in range(STEPS_AFTER):
         trainer.train_step(trainer.sampler.sample())
     weights = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    weights.update({f"ema.{k}": v.clone() for k, v in trainer.ema.state_dict().items()})
     parts = trainer.optimizer.state_dict()
     parts = {name: parts[name] for name in ("muon", "adamw")} if "muon" in parts else {"": parts}
     moments = {
@@ -79,7 +81,7 @@ def test_a_resumed_trainer_of_another_seed_steps_bit_identically(tmp_path, optim
     assert weights.keys() == want_weights.keys()
     for k, v in want_weights.items():
         assert torch.equal(weights[k], v), k
-    assert moments.keys() == want_moments.keys() and len(moments) == len(want_weights)
+    assert moments.keys() == want_moments.keys() and 2 * len(moments) == len(want_weights)
     moment_names = {"adamw": ("step", "exp_avg", "exp_avg_sq"), "muon": ("momentum_buffer",)}
     for (name, i), state in want_moments.items():
         for k in moment_names.get(name, moment_names["adamw"]):

@@ -368,6 +368,8 @@ class TrainConfig:
     keep_last: int = 3  # step_*.pt checkpoints kept in the run dir (last.pt and best.pt always kept)
     probe_every: int = 0  # steps between online probes (k-NN and linear accuracy on val, from labels); 0 = off
     probe_train_images: int = 2000  # online probe: the first this many train images are what the probes fit
+    # EMA of the weights, kept in fp32 and updated after every step with decay min(ema_decay, (1 + t) / (10 + t))
+    ema_decay: float = 0.0  # at update t (0-based): the warm-up of timm's ModelEma; 0 = off; in [0, 1)
 
     def __post_init__(self) -> None:
         _finite(self, "train.")
@@ -389,6 +391,31 @@ class TrainConfig:
         _check(self.warmup_steps >= 0, "train.warmup_steps", "must be >= 0")
         _check(0 <= self.min_lr <= self.lr, "train.min_lr", f"must be in [0, train.lr ({self.lr})], got {self.min_lr}")
         _check(self.grad_clip >= 0, "train.grad_clip", f"must be >= 0 (0 = off), got {self.grad_clip}")
+        _check(0 <= self.ema_decay < 1, "train.ema_decay", f"must be in [0, 1) (0 = off), got {self.ema_decay}")
+
+
+Pooling = Literal["mean", "grid"]
+
+
+@dataclass(frozen=True)
+class FinetuneConfig:
+    """`vitmask finetune`: a classifier on the pretrained encoder (read by finetune only)."""
+
+    pool: Pooling = "grid"  # how the tokens become features: mean (of all) | grid (the mean of each cell, concatenated)
+    grid: int = 4  # pool grid: cells a side (G*G*D features), 1 to the patches a side
+    layer_decay: float = 1.0  # layer-wise lr decay: block k of L gets lr * layer_decay^(L + 1 - k); 1 = off; (0, 1]
+    freeze_steps: int = 0  # steps at the start in which only the head trains (the encoder's lr is 0)
+    head_init_std: float = 0.01  # std of the new head's normal init (its bias starts at 0)
+
+    def __post_init__(self) -> None:
+        _finite(self, "finetune.")
+        _choices(self, "finetune.")
+        _check(self.grid >= 1, "finetune.grid", f"must be >= 1, got {self.grid}")
+        _check(
+            0 < self.layer_decay <= 1, "finetune.layer_decay", f"must be in (0, 1] (1 = off), got {self.layer_decay}"
+        )
+        _check(self.freeze_steps >= 0, "finetune.freeze_steps", f"must be >= 0, got {self.freeze_steps}")
+        _check(self.head_init_std > 0, "finetune.head_init_std", f"must be > 0, got {self.head_init_std}")
 
 
 @dataclass(frozen=True)
@@ -398,6 +425,7 @@ class Config:
     mask: MaskConfig = field(default_factory=MaskConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
     name: str = "default"  # run name: runs/<name> unless --run-dir is given; a plain name, not a path
 
     def __post_init__(self) -> None:
@@ -432,7 +460,13 @@ class Config:
         return dataclasses.asdict(self)
 
 
-SECTIONS = {"data": DataConfig, "mask": MaskConfig, "model": ModelConfig, "train": TrainConfig}
+SECTIONS = {
+    "data": DataConfig,
+    "mask": MaskConfig,
+    "model": ModelConfig,
+    "train": TrainConfig,
+    "finetune": FinetuneConfig,
+}
 
 
 def valid_keys() -> list[str]:

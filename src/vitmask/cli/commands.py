@@ -49,6 +49,12 @@ OrderOpt = typer.Option(
     help="Which patches a round keeps: confidence (the most probable first, MaskGIT) | random (random order).",
 )
 TEMPERATURE_HELP = "0: each patch's most likely class; T > 0: a draw from softmax(logits / T)."
+WeightsOpt = typer.Option(
+    None,
+    "--weights",
+    help="ema | raw: a checkpoint's EMA weights (the default when it has them) or its trained weights.",
+)
+CHECKPOINT_HELP = "A .pt checkpoint written by vitmask train, or an export dir written by vitmask export."
 ChoiceOpt = typer.Option(
     0.0,
     "--choice-temperature",
@@ -82,7 +88,7 @@ def train(
 
 @app.command("eval")
 def eval_(
-    checkpoint: Path = typer.Option(..., "--checkpoint", help="A .pt checkpoint written by vitmask train."),
+    checkpoint: Path = typer.Option(..., "--checkpoint", help=CHECKPOINT_HELP),
     split: str = typer.Option("val", "--split", help="val | test"),
     mask_ratio: list[float] = typer.Option(
         [], "--mask-ratio", help="Share of patches masked (repeatable, e.g. 0.25 0.5 0.75); default the config's."
@@ -111,6 +117,7 @@ def eval_(
         2, "--nll-samples", help="--nll: draws per stratum and image (at least 2, for the standard error)."
     ),
     device: str = DeviceOpt,
+    weights: str = WeightsOpt,
 ) -> None:
     """Score a checkpoint on masked patches beside three baselines on the same masks: the majority
     class, the per-position majority and an 8-neighbour lookup table learned from the train split.
@@ -119,7 +126,7 @@ def eval_(
     from vitmask.evaluate.scores import format_report
 
     report = verbs.evaluate_checkpoint(
-        checkpoint, split, mask_ratio, device, seed, strategy, centre_box, nll, nll_strata, nll_samples
+        checkpoint, split, mask_ratio, device, seed, strategy, centre_box, nll, nll_strata, nll_samples, weights
     )
     if as_json:
         print(json.dumps(report))
@@ -131,7 +138,7 @@ def eval_(
 
 @app.command()
 def probe(
-    checkpoint: Path = typer.Option(..., "--checkpoint", help="A .pt checkpoint written by vitmask train."),
+    checkpoint: Path = typer.Option(..., "--checkpoint", help=CHECKPOINT_HELP),
     split: str = typer.Option("test", "--split", help="val | test: where the probes are scored."),
     layer: list[int] = typer.Option(
         [],
@@ -140,7 +147,9 @@ def probe(
         "tokens. Repeat it (--layer 2 --layer 4) to concatenate several blocks' features.",
     ),
     pool: str = typer.Option(
-        "mean", "--pool", help="mean | grid: the mean of all tokens, or of each cell of a --grid, concatenated."
+        "grid",
+        "--pool",
+        help="grid | mean: the mean of each cell of a --grid, concatenated (the default), or of all tokens.",
     ),
     grid: int = typer.Option(
         None, "--grid", help="--pool grid: G cells a side, 1 to the patches a side (default 4): G*G*D features."
@@ -151,34 +160,36 @@ def probe(
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the same numbers as one JSON object."),
     device: str = DeviceOpt,
+    weights: str = WeightsOpt,
 ) -> None:
     """Linear and k-NN probes on the labels: fitted on train, scored on --split, beside raw pixels,
     random weights and the majority class."""
     from vitmask.evaluate.probe import format_report
 
     layers = layer[0] if len(layer) == 1 else (layer or None)
-    report = verbs.probe_checkpoint(checkpoint, split, layers, k, seed, device, pool, grid)
+    report = verbs.probe_checkpoint(checkpoint, split, layers, k, seed, device, pool, grid, weights)
     print(json.dumps(report) if as_json else format_report(report))
 
 
 @app.command()
 def reconstruct(
-    checkpoint: Path = typer.Option(..., "--checkpoint", help="A .pt checkpoint written by vitmask train."),
+    checkpoint: Path = typer.Option(..., "--checkpoint", help=CHECKPOINT_HELP),
     out: Path = typer.Option(..., "--out", help="The PNG to write, e.g. recon.png."),
     n: int = typer.Option(16, "--n", help="Images in the grid (one column each)."),
     mask_ratio: float = typer.Option(None, "--mask-ratio", help="Share of patches masked; default the config's."),
     split: str = typer.Option("test", "--split", help="train | val | test"),
     seed: int = typer.Option(0, "--seed", help="Seed of the masks."),
     device: str = DeviceOpt,
+    weights: str = WeightsOpt,
 ) -> None:
     """Write a PNG grid: original, masked input, prediction (visible patches kept), errors in colour
     (red: a missing pixel, orange: a spurious one, blue tint: masked). TensorBoard shows the same."""
-    print(f"wrote {verbs.reconstruct(checkpoint, out, n, mask_ratio, split, seed, device)}")
+    print(f"wrote {verbs.reconstruct(checkpoint, out, n, mask_ratio, split, seed, device, weights)}")
 
 
 @app.command()
 def inpaint(
-    checkpoint: Path = typer.Option(..., "--checkpoint", help="A .pt checkpoint written by vitmask train."),
+    checkpoint: Path = typer.Option(..., "--checkpoint", help=CHECKPOINT_HELP),
     image: Path = typer.Option(..., "--image", help="Your image (PNG, JPEG, BMP); preprocessed as in training."),
     box: list[str] = typer.Option(
         [],
@@ -202,6 +213,7 @@ def inpaint(
     order: str = OrderOpt,
     choice_temperature: float = ChoiceOpt,
     device: str = DeviceOpt,
+    weights: str = WeightsOpt,
 ) -> None:
     """Fill part of your own image: with the model's most likely patches (--temperature 0), or with
     patches drawn from its predictions, one or several (--samples) completions."""
@@ -219,6 +231,7 @@ def inpaint(
         samples,
         order,
         choice_temperature,
+        weights,
     )
     size = r["image_size"]
     what = f"{size}x{size}" if r["samples"] == 1 else f"the input and {r['samples']} completions"
@@ -227,7 +240,7 @@ def inpaint(
 
 @app.command()
 def sample(
-    checkpoint: Path = typer.Option(..., "--checkpoint", help="A .pt checkpoint written by vitmask train."),
+    checkpoint: Path = typer.Option(..., "--checkpoint", help=CHECKPOINT_HELP),
     out: Path = typer.Option(..., "--out", help="The PNG grid to write, e.g. samples.png."),
     n: int = typer.Option(64, "--n", help="Images to generate."),
     steps: int = typer.Option(64, "--steps", help="Rounds of decoding (at most one per patch: N is exact sampling)."),
@@ -241,17 +254,20 @@ def sample(
     ),
     choice_temperature: float = ChoiceOpt,
     device: str = DeviceOpt,
+    weights: str = WeightsOpt,
 ) -> None:
     """Generate new images: start from a canvas with every patch masked and decode it over --steps
     rounds (MaskGIT's cosine schedule), keeping patches in random order by default; write one PNG grid."""
-    r = verbs.sample(checkpoint, out, n, steps, temperature, seed, device, order, choice_temperature)
+    r = verbs.sample(checkpoint, out, n, steps, temperature, seed, device, order, choice_temperature, weights)
     print(f"wrote {r['out']}: {r['n']} images of {r['image_size']}x{r['image_size']}")
 
 
 @app.command("count-params")
 def count_params(
     config: Path = ConfigOpt,
-    checkpoint: Path = typer.Option(None, "--checkpoint", help="Count the model of a checkpoint instead."),
+    checkpoint: Path = typer.Option(
+        None, "--checkpoint", help="Count the model of a checkpoint (or an export dir) instead."
+    ),
     overrides: list[str] = SetOpt,
 ) -> None:
     """Print one row per parameter tensor, then the total (with a decoder, the encoder's and the decoder's first)."""
@@ -277,6 +293,59 @@ def preview(
     """Write a PNG grid of sample images with their masks, and print the dataset's statistics."""
     print(verbs.preview(config, overrides, out, count, seed))
     print(f"wrote {out}")
+
+
+@app.command()
+def export(
+    checkpoint: Path = typer.Option(..., "--checkpoint", help=CHECKPOINT_HELP),
+    out: Path = typer.Option(..., "--out", help="The export dir to write: a new or empty folder."),
+    weights: str = WeightsOpt,
+    encoder_only: bool = typer.Option(
+        False, "--encoder-only", help="Drop the decoder (where there is one) and the head: the encoder alone."
+    ),
+    onnx: bool = typer.Option(
+        False, "--onnx", help="Also write model.onnx (needs the onnx extra: pip install 'vitmask[onnx]')."
+    ),
+) -> None:
+    """Write the model as model.safetensors, config.json and a README.md model card (and model.onnx),
+    which vitmask.load_pretrained(DIR) and every verb's --checkpoint read back."""
+    r = verbs.export(checkpoint, out, weights, encoder_only, onnx)
+    part = "the encoder" if r["encoder_only"] else "the whole model"
+    print(f"wrote {r['out']}: {', '.join(r['files'])} ({part}, {r['weights']} weights)")
+
+
+@app.command()
+def finetune(
+    checkpoint: Path = typer.Option(
+        None, "--checkpoint", help="The pretrained model: a .pt checkpoint or an export dir (EMA weights if present)."
+    ),
+    config: Path = ConfigOpt,
+    overrides: list[str] = SetOpt,
+    run_dir: Path = typer.Option(None, "--run-dir", help="Where the run writes; default runs/<config name>-finetune."),
+    resume: str = typer.Option(
+        None, "--resume", help="A fine-tuning checkpoint to continue, or 'auto': the run dir's newest, if any."
+    ),
+    weights: str = WeightsOpt,
+    baselines: bool = typer.Option(
+        True,
+        "--baselines/--no-baselines",
+        help="Also train the same classifier from scratch at the same budget and run the linear probe.",
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print the final numbers as one JSON object."),
+    device: str = DeviceOpt,
+) -> None:
+    """Train a classifier on the labels end to end: the checkpoint's encoder, a new head, pooled as
+    finetune.pool says; then its test accuracy beside the from-scratch and linear-probe baselines."""
+    r = verbs.finetune(checkpoint, config, overrides, run_dir, resume, device, weights, baselines)
+    if as_json:
+        print(json.dumps(r))
+        return
+    print(f"test accuracy on {r['test_images']:,} images after {r['steps']} steps ({r['run_dir']}):")
+    print(f"  fine-tuned      {r['finetuned']:.4f}")
+    if "from_scratch" in r:
+        print(f"  from scratch    {r['from_scratch']:.4f}  (the same classifier from a random init, same budget)")
+    if "linear_probe" in r:
+        print(f"  linear probe    {r['linear_probe']:.4f}  (of {r['checkpoint']}, the same pooling)")
 
 
 def _stop(signum, frame):

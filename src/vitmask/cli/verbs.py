@@ -27,8 +27,10 @@ from vitmask.model.memory_estimate import check_fits, check_model_fits
 from vitmask.model.params import ParamRow, param_rows
 from vitmask.model.vit import build_model
 from vitmask.outputs import check_out_file, reason, write_atomically, write_text
+from vitmask.runs import export as exports
 from vitmask.runs import rundir
-from vitmask.runs.checkpoint import checkpoint_config, describe_load_failure, load_model
+from vitmask.runs.checkpoint import check_resumable, config_of, describe_load_failure, load_checkpoint
+from vitmask.runs.export import load_model
 from vitmask.runtime import distributed
 from vitmask.runtime.memory import is_out_of_memory, out_of_memory
 from vitmask.runtime.process import resolve_device
@@ -74,16 +76,23 @@ def train(
         distributed.shutdown()
 
 
-def _run(plan: rundir.Resolved, device: torch.device, world: distributed.World) -> dict[str, float]:
-    """Load the data, build (and restore) the trainer, write config.yaml, train; failed writes
-    (a full disk) and allocations end in one line."""
+def _masked_patch_trainer(cfg: Config, data, device: torch.device, **kwargs) -> Trainer:
+    return Trainer(cfg, data.images, device, **kwargs)
+
+
+def _run(
+    plan: rundir.Resolved, device: torch.device, world: distributed.World, make_trainer=_masked_patch_trainer
+) -> dict[str, float]:
+    """Load the data, build (and restore) the trainer (`make_trainer(cfg, labelled splits, device,
+    logger=, world=, probe=)`), write config.yaml, train; failed writes (a full disk) and
+    allocations end in one line."""
     cfg, run_dir = plan.cfg, plan.run_dir
     data = load_data(cfg, device, load_labelled_splits)
     trainer = None
     try:
         probe = online_probe(cfg, data, device) if world.main else None
         logger = TensorBoardLogger(run_dir) if world.main else None
-        trainer = Trainer(cfg, data.images, device, logger=logger, world=world, probe=probe)
+        trainer = make_trainer(cfg, data, device, logger=logger, world=world, probe=probe)
         trainer.run_id = plan.run_id
         if plan.state is not None:
             _restore(trainer, plan)
@@ -150,14 +159,17 @@ def _restore(trainer: Trainer, plan: rundir.Resolved) -> None:
         print(f"starting a new run in {plan.run_dir} from {plan.source} (step {trainer.step}){changed}", flush=True)
 
 
-def open_model(path: Path, device_name: str, seed: int, loads_data: bool = True):
-    """What every verb that reads a checkpoint does first: check its `--seed`, resolve the device and
-    load the model (checkpoint.load_model: every check of the file). A verb that `loads_data` (eval,
-    probe, reconstruct) also refuses a config whose data and evaluation cannot fit in memory.
-    Returns (model in eval mode, config, device)."""
+def open_model(
+    path: Path, device_name: str, seed: int, weights: str | None = None, loads_data: bool = True, need_head: bool = True
+):
+    """What every verb that reads a model does first: check its `--seed`, resolve the device and load
+    the model from a .pt checkpoint or an export dir (export.load_model: every check of the files;
+    `weights` ema | raw, default the EMA's where there are any; `need_head`: refuse an encoder-only
+    export). A verb that `loads_data` (eval, probe, reconstruct) also refuses a config whose data and
+    evaluation cannot fit in memory. Returns (model in eval mode, config, device)."""
     check_seed(seed, "--seed")
     device = resolve_device(device_name)
-    model, cfg, _ = load_model(path, device)
+    model, cfg, _ = load_model(path, device, weights, need_head=need_head)
     if loads_data:
         check_fits(cfg, device, training=False)
     return model, cfg, device
@@ -195,18 +207,20 @@ def evaluate_checkpoint(
     nll: bool = False,
     nll_strata: int = 16,
     nll_samples: int = 2,
+    weights: str | None = None,
 ) -> dict:
     """The eval report of a checkpoint: the model and the baselines at each mask ratio (default: the
     config's), on `split`, with masks of `strategy` (default the config's, mixed read as random)
     drawn from `seed`; with `centre_box`, also the centre box; with `nll`, the likelihood bound
-    and its baselines (likelihood.nll_report) under "nll"."""
+    and its baselines (likelihood.nll_report) under "nll". `path` is a .pt checkpoint or an export
+    dir; `weights` ema | raw picks a checkpoint's weights (default: the EMA's when it has them)."""
     _check_split(split)
     ratios = [ratios] if isinstance(ratios, (int, float)) else list(ratios or [])
     for r in ratios:
         check_ratio(r)
     if strategy is not None and strategy not in EVAL_STRATEGIES:
         raise UserError(f"--strategy must be one of {', '.join(EVAL_STRATEGIES)}, got '{strategy}'")
-    model, cfg, device = open_model(path, device_name, seed)
+    model, cfg, device = open_model(path, device_name, seed, weights)
     data = cfg.data
     if nll:
         check_nll_args(data.num_patches, data.num_classes, nll_strata, nll_samples)
@@ -235,14 +249,23 @@ def evaluate_checkpoint(
     return report
 
 
-def reconstruct(path: Path, out: Path, n: int, ratio: float | None, split: str, seed: int, device_name: str) -> Path:
+def reconstruct(
+    path: Path,
+    out: Path,
+    n: int,
+    ratio: float | None,
+    split: str,
+    seed: int,
+    device_name: str,
+    weights: str | None = None,
+) -> Path:
     """Write the reconstruction grid (the picture TensorBoard shows) of the first `n` images of `split`."""
     _check_split(split)
     if ratio is not None:
         check_ratio(ratio)
     check_grid_count(n, "--n", "images")
     check_out_file(out, inputs=(path,))
-    model, cfg, device = open_model(path, device_name, seed)
+    model, cfg, device = open_model(path, device_name, seed, weights)
     images = load_data(cfg, device)[split][:n].to(device)
     ratio = cfg.mask.ratio if ratio is None else ratio
     batch = next(eval_batches(images, cfg, ratio, seed, len(images)))
@@ -267,6 +290,7 @@ def inpaint(
     samples: int = 1,
     order: str = "confidence",
     choice_temperature: float = 0.0,
+    weights: str | None = None,
 ) -> dict:
     """Fill the patches of a user's image under the boxes and/or mask image; write the filled image,
     or with `samples` K > 1 a grid of the input (the hole grey) and K completions drawn from `seed`."""
@@ -282,7 +306,7 @@ def inpaint(
             "pass --temperature 1 (or --order random, or --choice-temperature 4.5)"
         )
     check_out_file(out, inputs=(image, mask_path, path))
-    model, cfg, device = open_model(path, device_name, seed, loads_data=False)
+    model, cfg, device = open_model(path, device_name, seed, weights, loads_data=False)
     data = cfg.data
     gray = load_image_file(image)  # (h, w) uint8
     picture = binarize_images(gray.unsqueeze(0), data)  # (1, S, S) the training preprocessing
@@ -322,12 +346,13 @@ def sample(
     device_name: str,
     order: str = "random",
     choice_temperature: float = 0.0,
+    weights: str | None = None,
 ) -> dict:
     """Generate `n` images from a fully masked canvas (sampling.sample_images); write them as one PNG grid."""
     check_grid_count(n, "--n", "images")
     options = DecodeOptions(steps, temperature, order, choice_temperature)  # checks every value
     check_out_file(out, inputs=(path,))
-    model, cfg, device = open_model(path, device_name, seed, loads_data=False)
+    model, cfg, device = open_model(path, device_name, seed, weights, loads_data=False)
     data = cfg.data
     generator = torch.Generator(device=device).manual_seed(seed)
     images = sample_images(model, n, data.image_size, data.patch_size, options, generator, device)  # (n, S, S)
@@ -341,9 +366,13 @@ def count_params(config: Path | None, checkpoint: Path | None, overrides: list[s
     checkpoint's config, describes, `overrides` applied."""
     if (config is None) == (checkpoint is None):
         raise UserError("count-params needs exactly one of --config PATH or --checkpoint PATH")
-    cfg = checkpoint_config(checkpoint, overrides) if checkpoint is not None else load_config(config, overrides)
+    cfg = exports.model_config(checkpoint, overrides) if checkpoint is not None else load_config(config, overrides)
     check_model_fits(cfg)
-    return param_rows(build_model(cfg))
+    model = build_model(cfg)
+    if checkpoint is not None and exports.is_export_dir(checkpoint):
+        if exports.read_export_config(Path(checkpoint))["encoder_only"]:
+            exports.drop_prediction_head(model)
+    return param_rows(model)
 
 
 def preview(config: Path | None, overrides: list[str], out: Path, count: int, seed: int) -> str:
@@ -366,14 +395,147 @@ def probe_checkpoint(
     k: int,
     seed: int,
     device_name: str,
-    pool: str = "mean",
+    pool: str = "grid",
     grid: int | None = None,
+    weights: str | None = None,
 ) -> dict:
     """The probe report of a checkpoint (probe.py): linear and k-NN accuracy on `split` of its
     features (`layer`, `pool`, `grid`: see `run_probes`), of random weights and of raw pixels, and
     the majority class."""
     if split not in ("val", "test"):
         raise UserError(f"unknown split '{split}' for probe; use val or test (the probes are fitted on train)")
-    model, cfg, device = open_model(path, device_name, seed)
+    model, cfg, device = open_model(path, device_name, seed, weights, need_head=False)
     report = run_probes(model, cfg, load_data(cfg, device, load_labelled_splits), split, layer, k, seed, pool, grid)
     return {"checkpoint": str(path), **report}
+
+
+def export(path: Path, out: Path, weights: str | None = None, encoder_only: bool = False, onnx: bool = False) -> dict:
+    """Write a checkpoint's model (or an export dir's) as an export dir (runs/export.py)."""
+    return exports.export(path, out, weights, encoder_only, onnx)
+
+
+def finetune(
+    checkpoint: Path | None,
+    config: Path | None,
+    overrides: list[str],
+    run_dir: Path | None,
+    resume: str | None,
+    device_name: str,
+    weights: str | None = None,
+    baselines: bool = True,
+) -> dict:
+    """Fine-tune a classifier on the labels (train/finetune.py) in a run dir of its own, on the
+    trainer's loop; then its test accuracy beside the baselines at the same budget: the same
+    architecture from scratch and the linear probe of the pretrained checkpoint."""
+    from vitmask.train.finetune import FinetuneTrainer
+
+    world, device = distributed.init(resolve_device(device_name))
+    try:
+        plan, pretrained = _finetune_plan(checkpoint, config, overrides, run_dir, resume, weights)
+        check_fits(plan.cfg, device)
+        source = str(checkpoint) if checkpoint is not None else plan.state.get("pretrained")
+        made: dict = {}
+
+        def make_trainer(cfg, data, device, logger=None, world=None, probe=None):
+            encoder = pretrained.model.state_dict() if pretrained is not None else None
+            made["data"], made["trainer"] = data, FinetuneTrainer(cfg, data, device, encoder, logger, world, source)
+            return made["trainer"]
+
+        owner = rundir.RunDir(plan.run_dir, plan.state is None, auto=resume == "auto") if world.main else None
+        with owner or contextlib.nullcontext(), rundir.quiet_writer_threads():
+            _run(plan, device, world, make_trainer)
+        distributed.barrier(world)
+        trainer, data = made["trainer"], made["data"]
+        report = {
+            "run_dir": str(plan.run_dir),
+            "checkpoint": source,
+            "steps": trainer.step,
+            "test_images": len(data.images["test"]),
+            "finetuned": trainer.test_accuracy(data.images["test"]),
+        }
+        if baselines and world.main:
+            report.update(_finetune_baselines(plan.cfg, data, device, source, weights))
+        return report
+    finally:
+        distributed.shutdown()
+
+
+def _finetune_baselines(cfg: Config, data, device: torch.device, source: str | None, weights: str | None) -> dict:
+    """The same architecture fine-tuned from its random init at the same budget (no run dir), and the
+    linear probe of the pretrained checkpoint with the same pooling."""
+    from vitmask.train.finetune import FinetuneTrainer
+
+    print(f"baseline: the same classifier from a random init, {cfg.train.max_steps} steps", flush=True)
+    scratch = FinetuneTrainer(cfg, data, device)
+    scratch.fit(None, progress=False)
+    out = {"from_scratch": scratch.test_accuracy(data.images["test"])}
+    if source is not None and Path(source).exists():
+        model, pre_cfg, _ = load_model(source, device, weights, need_head=False)
+        pool = cfg.finetune.pool
+        grid = cfg.finetune.grid if pool == "grid" else None
+        probe = run_probes(model, pre_cfg, data, "test", None, 20, cfg.seed, pool, grid)
+        out["linear_probe"] = probe["results"]["model"]["linear_acc"]
+    return out
+
+
+def _finetune_plan(
+    checkpoint: Path | None,
+    config: Path | None,
+    overrides: list[str],
+    run_dir: Path | None,
+    resume: str | None,
+    weights: str | None,
+):
+    """What `vitmask finetune` runs: (rundir.Resolved, the pretrained model or None on resume).
+
+    A fresh run takes the data and training keys from `config` and the model from `checkpoint`
+    (its `model` and `mask` sections). A resume (`--resume PATH|auto`) continues a fine-tuning
+    checkpoint; only rundir.RESUMABLE keys may change."""
+    asked = load_config(config, overrides) if config is not None else None
+    if run_dir is None and asked is not None:
+        run_dir = Path("runs") / f"{asked.name}-finetune"
+    state = source = None
+    if resume == "auto":
+        if run_dir is None:
+            raise UserError("--resume auto needs --run-dir DIR, or --config PATH to name runs/<name>-finetune")
+        found = rundir.newest_good_checkpoint(Path(run_dir))
+        state, source = found if found is not None else (None, None)
+    elif resume is not None:
+        source = Path(resume)
+        state = load_checkpoint(source)
+        check_resumable(state, source)
+        run_dir = Path(run_dir) if run_dir is not None else source.parent
+        rundir.check_same_run(state, source, Path(run_dir))
+    if state is not None:
+        if state.get("task") != "finetune":
+            raise UserError(
+                f"checkpoint {source} is not a fine-tuning checkpoint (it was written by vitmask train); "
+                "pass it as --checkpoint to start a fine-tuning, or resume a run dir of vitmask finetune"
+            )
+        trained = config_of(state, source)
+        if asked is not None:
+            asked = dataclasses.replace(asked, model=trained.model, mask=trained.mask)
+        else:
+            asked = config_of(state, source, overrides)
+        changes = rundir.reconcile(trained, asked)
+        if asked.train.max_steps < state["step"]:
+            raise UserError(f"checkpoint {source} is at step {state['step']}, past train.max_steps; raise it")
+        return rundir.Resolved(Path(run_dir), asked, state, source, state.get("run_id"), changes), None
+    if checkpoint is None:
+        raise UserError("finetune needs --checkpoint PATH: the pretrained checkpoint or export dir to start from")
+    if asked is None:
+        raise UserError("no config given; pass --config PATH (the data and training keys, e.g. configs/finetune.yaml)")
+    pretrained = load_model(checkpoint, "cpu", weights, need_head=False)
+    _check_same_images(pretrained.config, asked, checkpoint)
+    cfg = dataclasses.replace(asked, model=pretrained.config.model, mask=pretrained.config.mask)
+    return rundir.Resolved(Path(run_dir), cfg, None, None, rundir.new_run_id(), []), pretrained
+
+
+def _check_same_images(trained: Config, asked: Config, checkpoint: Path) -> None:
+    a, b = trained.data, asked.data
+    if (a.image_size, a.patch_size) != (b.image_size, b.patch_size):
+        raise UserError(
+            f"checkpoint {checkpoint} was trained on {a.image_size}x{a.image_size} images in {a.patch_size}-pixel "
+            f"patches, but the config asks for {b.image_size}x{b.image_size} in {b.patch_size}-pixel patches; "
+            f"set data.image_size={a.image_size} and data.patch_size={a.patch_size}, or use a checkpoint of that size"
+        )

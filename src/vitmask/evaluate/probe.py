@@ -23,6 +23,10 @@ weights, which come from the seed, so a report is repeatable.
 The online probe (`train.probe_every`) is the k-NN and linear probe on val during training, from
 the first `train.probe_train_images` train images, with a fixed L2 strength.
 
+Features are pooled by the grid by default (`--pool grid`, 4 x 4 cells, or as many as the patch
+grid has when it has fewer): on the shipped MNIST model the linear probe scores 0.983 so, and 0.943
+on the mean of all tokens, which throws away where the strokes are. `--pool mean` is the mean.
+
 Shapes: n images, D feature width, C classes, k neighbours, N patches, P pixels per patch,
 g patches per side of the grid (N = g * g), G cells per side of the pooling grid.
 """
@@ -47,6 +51,7 @@ ONLINE_ITERS = 100
 FEATURE_BATCH = 256  # images per forward pass when extracting features
 FLOORS = ("random_weights", "raw_pixels")
 POOLS = ("mean", "grid")  # --pool: the mean of all tokens, or the mean of each cell of a grid
+DEFAULT_POOL = "grid"  # probe, the online probe and finetune pool by the grid unless told otherwise
 DEFAULT_GRID = 4  # --pool grid without --grid: 4 x 4 cells (of 4 x 4 patches on a 16 x 16 grid, 3 to 4 on 14 x 14)
 
 
@@ -229,8 +234,8 @@ def check_pool(pool: str, grid: int | None, cfg: Config) -> int | None:
         if grid is not None:
             raise UserError(f"--grid {grid} needs --pool grid; add --pool grid, or leave --grid out for the mean")
         return None
-    grid = DEFAULT_GRID if grid is None else grid
     g = cfg.data.image_size // cfg.data.patch_size
+    grid = min(DEFAULT_GRID, g) if grid is None else grid
     if not 1 <= grid <= g:
         raise UserError(
             f"--grid {grid} is not a cell count for the {g}x{g} patch grid ({cfg.data.image_size}-pixel images "
@@ -270,7 +275,7 @@ def run_probes(
     layer: int | Sequence[int] | None = None,
     k: int = 20,
     seed: int = 0,
-    pool: str = "mean",
+    pool: str = DEFAULT_POOL,
     grid: int | None = None,
 ) -> dict:
     """The probe report of `model` on `split` (val or test): linear and k-NN accuracy of the model's
@@ -365,7 +370,8 @@ class OnlineProbe:
     """The k-NN and linear accuracy on val of the model being trained, from its current features.
 
     Fitted on the first `train.probe_train_images` train images (k = 20, or all of them if fewer),
-    the linear probe with L2 strength ONLINE_L2. Runs in fp32 under no_grad, consumes no random
+    the linear probe with L2 strength ONLINE_L2, on the features of the default pooling (the 4 x 4
+    grid of token means, fewer cells on a smaller patch grid). Runs in fp32 under no_grad, consumes no random
     numbers, and leaves the model in the mode it found it, so it does not change training.
     """
 
@@ -378,10 +384,11 @@ class OnlineProbe:
         self.images = {"train": data.images["train"][:n].to(device), "val": data.images["val"].to(device)}
         self.k = min(20, len(self.images["train"]))
         self.patch_size = cfg.data.patch_size
+        self.grid = check_pool(DEFAULT_POOL, None, cfg)
 
     def __call__(self, model: MaskedPatchViT) -> dict[str, float]:
         """{"probe/knn_acc", "probe/linear_acc"} of `model` now (host syncs: call at validation points)."""
-        f = {s: extract_features(model, x, self.patch_size) for s, x in self.images.items()}
+        f = {s: extract_features(model, x, self.patch_size, grid=self.grid) for s, x in self.images.items()}
         y_train, y_val = self.labels["train"], self.labels["val"]
         knn = knn_predict(f["train"], y_train, f["val"], self.k, self.num_classes)
         train, val = standardise(f["train"], f["val"])

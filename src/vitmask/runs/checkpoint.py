@@ -68,7 +68,7 @@ def first_non_finite(state: dict[str, Any]) -> str | None:
                 return found
         return None
 
-    for key, label in (("model", "model weight"), ("optimizer", "optimizer state")):
+    for key, label in (("model", "model weight"), ("optimizer", "optimizer state"), ("ema", "EMA weight")):
         if key in state and (found := walk(state[key], "")) is not None:
             return f"{label} {found.lstrip('.')}"
     return None
@@ -169,6 +169,9 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     model = state["model"]
     if not isinstance(model, dict) or not all(isinstance(k, str) and torch.is_tensor(v) for k, v in model.items()):
         raise UserError(f"checkpoint {path} is damaged: its 'model' entry is not a dict of tensors; {OTHER_CHECKPOINT}")
+    ema = state.get("ema", {})
+    if not isinstance(ema, dict) or not all(isinstance(k, str) and torch.is_tensor(v) for k, v in ema.items()):
+        raise UserError(f"checkpoint {path} is damaged: its 'ema' entry is not a dict of tensors; {OTHER_CHECKPOINT}")
     if not isinstance(state["config"], dict):
         raise UserError(f"checkpoint {path} is damaged: its 'config' entry is not a mapping; {OTHER_CHECKPOINT}")
     bad = first_non_finite(state)

@@ -7,6 +7,8 @@ scalars and images, and the hparams table. The trainer computes; the reporter fo
   on the console one line per window, or the loss beside a progress bar on a terminal.
 - Evaluations (`validation`): `val/<name>` for the same metrics, the reconstruction grid as
   `val/reconstruction`, and one console line with the majority-class accuracy beside them.
+- The EMA's evaluations (`validation_ema`, with `train.ema_decay`): `val_ema/<name>` for the same
+  metrics on the EMA weights, and one console line.
 - Online probes (`probe`, every `train.probe_every` steps): `probe/knn_acc` and `probe/linear_acc`
   as probe.OnlineProbe gives them, and one console line.
 - At the end (`hparams`): every config key as `section.key` beside `hparam/val_<name>` and
@@ -41,6 +43,7 @@ class Reporter:
         self.logger = logger or NullLogger()
         self.device = device or torch.device("cpu")
         self.main = main
+        self.scalars = SCALARS  # the training metrics logged (a classifier's task logs fewer)
         self.progress = False
         self.bar = tqdm(disable=True)
         self.stdout_closed = False  # the reader of stdout went away (`vitmask train | head`)
@@ -65,7 +68,7 @@ class Reporter:
         """A training window: `metrics` as MaskedPatchMetrics.read gives them, the mean gradient norm,
         the lr of the last step and the images trained on since the last window."""
         now = time.perf_counter()
-        scalars = {f"train/{k}": metrics[k] for k in SCALARS}
+        scalars = {f"train/{k}": metrics[k] for k in self.scalars}
         scalars["train/lr"] = lr
         scalars["train/grad_norm"] = grad_norm
         scalars["train/images_per_s"] = images / max(now - self._window_start, 1e-9)
@@ -95,6 +98,16 @@ class Reporter:
             f"  non-empty acc {val['acc_nonempty']:.4f}  (majority {val['majority_acc']:.4f})"
         )
         self._say(line)
+
+    def validation_ema(self, step: int, val: dict) -> None:
+        """An evaluation of the EMA weights, on the same masks as `validation`'s."""
+        if not self.main:
+            return
+        self.logger.log({f"val_ema/{k}": val[k] for k in SCALARS if k in val}, step)
+        self._say(
+            f"step {step}/{self.cfg.train.max_steps}  EMA val loss {val['loss']:.4f}  acc {val['acc']:.4f}"
+            + (f"  non-empty acc {val['acc_nonempty']:.4f}" if "acc_nonempty" in val else "")
+        )
 
     def probe(self, step: int, accuracies: dict[str, float]) -> None:
         """An online probe: `accuracies` as probe.OnlineProbe gives them ({"probe/knn_acc", "probe/linear_acc"})."""

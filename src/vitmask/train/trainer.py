@@ -8,7 +8,13 @@ is recorded there (divergence.py), and both are read on logging steps and before
 Everything else is a component: process setup (process.prepare_process), validation and the
 reconstruction grid (validation.py), checkpoint cadence and best.pt (checkpointer.py), console
 lines, TensorBoard and hparams (report.py), SIGINT/SIGTERM (signals.py), the online probe every
-`train.probe_every` steps beside validation (probe.OnlineProbe, given by the runner on rank 0).
+`train.probe_every` steps beside validation (probe.OnlineProbe, given by the runner on rank 0),
+the EMA of the weights with `train.ema_decay` (ema.py: updated after every step, validated beside
+the raw weights, best.pt following its validation loss).
+
+What is trained is a hook: `build_network`, `build_optimization`, `build_sampler`,
+`build_validator` and `forward_loss` make the masked-patch task here; a subclass swaps them for
+another task on the same loop, checkpoints, resume and signals (finetune.FinetuneTrainer).
 
 Shapes: B batch, M masked patches per image, C token classes.
 """
@@ -23,6 +29,7 @@ import torch.nn.functional as F
 
 from vitmask.config import Config
 from vitmask.data.batches import Batch, BatchSampler
+from vitmask.errors import UserError
 from vitmask.evaluate.metrics import MaskedPatchMetrics
 from vitmask.model.vit import build_model
 from vitmask.runs.checkpoint import load_model_state, load_optimizer_state
@@ -31,6 +38,7 @@ from vitmask.runtime import distributed, process
 from vitmask.runtime.distributed import World
 from vitmask.signals import StopSignals, interrupted
 from vitmask.train.divergence import DivergenceWatch
+from vitmask.train.ema import WeightEMA
 from vitmask.train.optim import build_optimizer, build_scheduler
 from vitmask.train.report import Reporter
 from vitmask.train.validation import Validator
@@ -41,6 +49,11 @@ def masked_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
 
 
+def plain_numbers(metrics: dict) -> dict[str, float]:
+    """The float entries of a metrics dict (what a checkpoint keeps of a validation)."""
+    return {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
 class Trainer:
     def __init__(
         self, cfg: Config, splits: dict[str, torch.Tensor], device: torch.device, logger=None, world=None, probe=None
@@ -49,9 +62,9 @@ class Trainer:
         process.prepare_process(cfg, device, self.world)  # checks, then seeds: before the model is built
         self.cfg, self.device, train = cfg, device, cfg.train
         self.probe = probe  # probe.OnlineProbe, run every train.probe_every steps (rank 0), or None
-        self.model = build_model(cfg).to(device)  # the plain module: state dicts and evaluation use it
-        self.optimizer = build_optimizer(self.model, train)
-        self.scheduler = build_scheduler(self.optimizer, train)
+        self.model = self.build_network().to(device)  # the plain module: state dicts and evaluation use it
+        self.optimizer, self.scheduler = self.build_optimization()
+        self.ema = WeightEMA(self.model, train.ema_decay) if train.ema_decay > 0 else None  # fp32 copy
         self.scaler = process.grad_scaler(train.precision, device)
         self.ddp = distributed.data_parallel(self.model, device, self.world)  # None in a world of one
         net = self.ddp if self.ddp is not None else self.model
@@ -59,8 +72,8 @@ class Trainer:
         # under a ratio schedule M changes from batch to batch: compile the step for any M at once,
         # not first for the M of batch 1 and again when the second differs (28 s of a cold start)
         self.any_masked_count = train.compile and cfg.mask.ratio_schedule != "fixed"
-        self.sampler = BatchSampler(splits["train"].to(device), cfg, self.world.rank, self.world.size)
-        self.validator = Validator(cfg, splits, device)
+        self.sampler = self.build_sampler(splits["train"].to(device))
+        self.validator = self.build_validator(splits)
         self.reporter = Reporter(cfg, logger, device, main=self.world.main)
         self.divergence = DivergenceWatch(device)
         self.step = 0
@@ -70,6 +83,31 @@ class Trainer:
         self._lr = train.lr  # the lr of the last step (a Python float)
         self.run_id: str | None = None  # the run's id, saved in every checkpoint (rundir.py)
         self._stepped = False  # whether a step has run in this process (a compiled one compiles)
+        self.last_val: dict[str, dict[str, float]] = {}  # the last validation's numbers ("raw", "ema"), saved
+
+    # ---- the task (hooks) -------------------------------------------------------------------
+    def build_network(self) -> torch.nn.Module:
+        """The model to train (built after the seeding, so its init comes from `seed`)."""
+        return build_model(self.cfg)
+
+    def build_optimization(self) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
+        optimizer = build_optimizer(self.model, self.cfg.train)
+        return optimizer, build_scheduler(optimizer, self.cfg.train)
+
+    def build_sampler(self, train_images: torch.Tensor) -> BatchSampler:
+        """What draws the training batches (train_images on the device); it has state_dict and load_state_dict."""
+        return BatchSampler(train_images, self.cfg, self.world.rank, self.world.size)
+
+    def build_validator(self, splits: dict[str, torch.Tensor]) -> Validator:
+        return Validator(self.cfg, splits, self.device)
+
+    def forward_loss(self, mb: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One micro-batch through the training net: (loss, predictions, targets), the last two (b, M)."""
+        if self.any_masked_count:
+            torch._dynamo.maybe_mark_dynamic(mb.ids, 1)  # M: a size of the graph, not a constant
+        with process.autocast(self.cfg.train.precision, self.device):
+            logits = self.net(mb.patches, mb.mask, mb.ids)  # (b, M, C)
+        return masked_loss(logits, mb.masked_targets), logits.detach().argmax(-1), mb.masked_targets
 
     # ---- one step ---------------------------------------------------------------------------
     def train_step(self, batch: Batch) -> dict[str, torch.Tensor]:
@@ -77,19 +115,16 @@ class Trainer:
         train = self.cfg.train
         self.net.train()
         micro = batch.split(train.accum_steps)
-        losses, preds = [], []
+        losses, preds, targets = [], [], []
         for i, mb in enumerate(micro):
             last = i == len(micro) - 1
             sync = self.ddp.no_sync() if self.ddp is not None and not last else contextlib.nullcontext()
             with sync:
-                if self.any_masked_count:
-                    torch._dynamo.maybe_mark_dynamic(mb.ids, 1)  # M: a size of the graph, not a constant
-                with process.autocast(train.precision, self.device):
-                    logits = self.net(mb.patches, mb.mask, mb.ids)  # (b, M, C)
-                loss = masked_loss(logits, mb.masked_targets)
+                loss, pred, target = self.forward_loss(mb)
                 self.scaler.scale(loss / len(micro)).backward()
             losses.append(loss.detach())
-            preds.append(logits.detach().argmax(-1))  # (b, M)
+            preds.append(pred)  # (b, M)
+            targets.append(target)  # (b, M)
         self.scaler.unscale_(self.optimizer)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), train.grad_clip or math.inf)
         self.scaler.step(self.optimizer)
@@ -97,10 +132,12 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         self._lr = self.scheduler.get_last_lr()[0]
         self.scheduler.step()
+        if self.ema is not None:
+            self.ema.update(self.model, self.step)  # update t = the steps before this one
         self.step += 1
 
         loss = torch.stack(losses).mean()
-        pred, targets = torch.cat(preds), batch.masked_targets  # (B, M), (B, M)
+        pred, targets = torch.cat(preds), torch.cat(targets)  # (B, M), (B, M)
         self.divergence.record(loss, self.step)
         self.train_metrics.add(pred, targets, loss * targets.numel())  # the step's mean loss over its patches
         self._grad_norm_sum += grad_norm
@@ -125,6 +162,8 @@ class Trainer:
             "majority_class": self.validator.majority_class,
             "config": self.cfg.to_dict(),
             "run_id": self.run_id,
+            "val": self.last_val,
+            **({"ema": self.ema.state_dict()} if self.ema is not None else {}),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -138,6 +177,10 @@ class Trainer:
         process.set_rng_state(state["rng"])
         self.step = int(state["step"])
         self.validator.best_loss = float(state["best_val_loss"])
+        if self.ema is not None:
+            if not isinstance(state.get("ema"), dict):
+                raise UserError("the checkpoint holds no EMA weights (an 'ema' entry) although train.ema_decay is set")
+            load_model_state(self.ema.module, state["ema"])
 
     # ---- the loop ---------------------------------------------------------------------------
     def fit(self, run_dir: Path | None = None, progress: bool | None = None) -> dict[str, float]:
@@ -190,7 +233,13 @@ class Trainer:
         self.divergence.check(self.world)
         val = self.evaluate()
         self.reporter.validation(self.step, val, lambda: self.validator.reconstruction(self.model))
-        if self.validator.improved(val):
+        watched = val  # what best.pt follows: the EMA's validation loss when there is an EMA
+        self.last_val = {"raw": plain_numbers(val)}
+        if self.ema is not None:
+            watched = self.validator.evaluate(self.ema.module)
+            self.reporter.validation_ema(self.step, watched)
+            self.last_val["ema"] = plain_numbers(watched)
+        if self.validator.improved(watched):
             checkpointer.save_best(self.state_dict)
         return val
 

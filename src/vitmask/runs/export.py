@@ -1,0 +1,382 @@
+"""Exported models: the folder a trained model leaves vitmask in, and the one loader every verb uses.
+
+An export dir (`vitmask export --checkpoint X --out DIR`) holds:
+
+- `model.safetensors`: the weights (fp32, safetensors: no pickle), the model's state dict;
+- `config.json`: the model's constructor arguments (`model`, `num_patches`, `patch_dim`,
+  `num_classes`, `fill`), the data keys a user needs to feed it (`data`: image size, patch size,
+  threshold, invert, fit, bit order), the training config it came from, vitmask's version, the
+  format version, which weights these are (`ema` or `raw`), whether the decoder and head were
+  dropped (`encoder_only`), and the SHA-256 of the weights file. The layout is the one
+  huggingface_hub's `PyTorchModelHubMixin` writes (weights beside a JSON of constructor arguments);
+- `README.md`: a model card: the data, the command, the figures of the run when known;
+- `model.onnx` with `--onnx` (onnx_export.py).
+
+The dir is written beside its target under a temp name and renamed into place, so a failed export
+leaves nothing; an `--out` that exists and holds files is refused.
+
+Loading: `load_pretrained(DIR)` is the model in eval mode. `load_model(PATH, device, weights)` is
+what every verb that takes `--checkpoint` calls: a `.pt` checkpoint (its EMA weights when it has
+them, unless `weights="raw"`) or an export dir, checked file by file, one line for anything wrong.
+"""
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from vitmask import __version__
+from vitmask.config import Config, config_from_dict, dump_config
+from vitmask.errors import UserError
+from vitmask.model.vit import MaskedPatchViT, build_model
+from vitmask.outputs import write_error
+from vitmask.runs import checkpoint
+from vitmask.runs.checkpoint import LoadedModel
+
+FORMAT = "vitmask-export/1"
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+CARD_FILE = "README.md"
+ONNX_FILE = "model.onnx"
+WEIGHT_KINDS = ("ema", "raw")
+BIT_ORDER = (
+    "a patch's p*p pixels row by row, 1 = foreground; the first pixel is the most significant bit of its "
+    "class: class = sum of pixel_i * 2^(p*p - 1 - i)"
+)
+CARD_METRICS = ("loss", "acc", "acc_nonempty", "bit_acc")
+
+
+# ---- which weights ----------------------------------------------------------------------------------
+def check_weights(weights: str | None) -> None:
+    if weights is not None and weights not in WEIGHT_KINDS:
+        raise UserError(f"--weights must be ema or raw, got '{weights}'")
+
+
+def has_ema(state: dict[str, Any]) -> bool:
+    return isinstance(state.get("ema"), dict) and bool(state["ema"])
+
+
+def checkpoint_weights(state: dict[str, Any], path: str | Path, weights: str | None) -> tuple[dict, str]:
+    """The state dict a checkpoint's model is loaded from, and its kind: the EMA's when the
+    checkpoint has one (or `weights` asks), the trained weights with `weights="raw"`."""
+    check_weights(weights)
+    if weights == "ema" and not has_ema(state):
+        raise UserError(
+            f"--weights ema: checkpoint {path} holds no EMA weights (it was trained with train.ema_decay=0); "
+            "pass --weights raw, or leave --weights out"
+        )
+    kind = weights or ("ema" if has_ema(state) else "raw")
+    return state["ema" if kind == "ema" else "model"], kind
+
+
+# ---- loading ------------------------------------------------------------------------------------
+def is_export_dir(path: str | Path) -> bool:
+    """A folder with a config.json or a model.safetensors: meant as an export dir (checked when read)."""
+    p = Path(path)
+    return p.is_dir() and ((p / CONFIG_FILE).exists() or (p / WEIGHTS_FILE).exists())
+
+
+def drop_prediction_head(model: MaskedPatchViT) -> MaskedPatchViT:
+    """The encoder alone: the decoder (where there is one) and the head removed, in place."""
+    model.decoder = None
+    model.head = None
+    return model
+
+
+def _bad_export(path: Path, what: str) -> UserError:
+    return UserError(f"export dir {path}: {what}; export it again with vitmask export --checkpoint X --out DIR")
+
+
+def read_export_config(path: str | Path) -> dict[str, Any]:
+    """config.json of an export dir, checked: present, JSON, this format, with its entries."""
+    path = Path(path)
+    file = path / CONFIG_FILE
+    if not file.is_file():
+        raise _bad_export(path, f"{CONFIG_FILE} is missing")
+    try:
+        meta = json.loads(file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise _bad_export(path, f"{CONFIG_FILE} cannot be read ({str(e).splitlines()[0][:120]})") from None
+    found = meta.get("format") if isinstance(meta, dict) else None
+    if not isinstance(found, str) or not found.startswith("vitmask-export/"):
+        raise _bad_export(path, f"{CONFIG_FILE} is not a vitmask export's (no '{FORMAT}' format)")
+    if found != FORMAT:
+        raise UserError(
+            f"export dir {path} was written by another version of vitmask (format {found}; this one reads "
+            f"{FORMAT}); use that version, or export again with this one"
+        )
+    for key, kind in (("training", dict), ("weights", str), ("encoder_only", bool), ("sha256", dict)):
+        if not isinstance(meta.get(key), kind):
+            raise _bad_export(path, f"{CONFIG_FILE} has no valid '{key}' entry")
+    if meta["weights"] not in WEIGHT_KINDS:
+        raise _bad_export(path, f"{CONFIG_FILE} names weights '{meta['weights']}' (not ema or raw)")
+    return meta
+
+
+def export_config(meta: dict[str, Any], path: Path) -> Config:
+    """The training config an export came from (its data keys are what the verbs read)."""
+    try:
+        return config_from_dict(meta["training"]["config"])
+    except (UserError, KeyError, TypeError, AttributeError) as e:
+        raise _bad_export(path, f"{CONFIG_FILE} holds a config this version cannot use ({e})") from None
+
+
+def sha256_of(file: Path) -> str:
+    digest = hashlib.sha256()
+    with open(file, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def read_export_weights(path: Path, meta: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """model.safetensors of an export dir, checked against config.json's SHA-256; no pickle is read."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    file = path / WEIGHTS_FILE
+    if not file.is_file():
+        raise _bad_export(path, f"{WEIGHTS_FILE} is missing")
+    want = meta["sha256"].get(WEIGHTS_FILE)
+    try:
+        if sha256_of(file) != want:
+            raise _bad_export(
+                path, f"{WEIGHTS_FILE} is not the file {CONFIG_FILE} was written with (its SHA-256 differs)"
+            )
+        return load_file(file, device="cpu")
+    except (OSError, SafetensorError) as e:
+        raise _bad_export(path, f"{WEIGHTS_FILE} cannot be read ({str(e).splitlines()[0][:120]})") from None
+
+
+def load_export(path: str | Path, device: torch.device | str = "cpu", weights: str | None = None) -> LoadedModel:
+    """An export dir's model (eval mode, on `device`), its config and config.json as `state`."""
+    path = Path(path)
+    check_weights(weights)
+    meta = read_export_config(path)
+    if weights is not None and weights != meta["weights"]:
+        raise UserError(
+            f"--weights {weights}: export dir {path} holds the {meta['weights']} weights only; leave --weights out, "
+            f"or export again with --weights {weights}"
+        )
+    cfg = export_config(meta, path)
+    state = read_export_weights(path, meta)
+    model = build_model(cfg)
+    if meta["encoder_only"]:
+        drop_prediction_head(model)
+    try:
+        checkpoint.load_model_state(model, state)
+    except UserError as e:
+        raise _bad_export(path, f"{WEIGHTS_FILE} does not fit {CONFIG_FILE} ({e})") from None
+    return LoadedModel(model.to(device).eval(), cfg, {**meta, "config": cfg.to_dict()})
+
+
+def load_pretrained(path: str | Path, device: torch.device | str = "cpu") -> MaskedPatchViT:
+    """The model of an export dir, in eval mode, on `device` (no pickle is read):
+
+    import vitmask
+    model = vitmask.load_pretrained("export/mnist")
+    logits = model(patches, mask)  # (B, N, P) pixels, (B, N) bool -> (B, N, C)
+    """
+    return load_export(path, device).model
+
+
+def load_model(
+    path: str | Path, device: torch.device | str = "cpu", weights: str | None = None, need_head: bool = True
+) -> LoadedModel:
+    """The model behind a verb's `--checkpoint`: a .pt checkpoint (its EMA weights when it has them,
+    unless `weights` is "raw") or an export dir. `need_head`: refuse an encoder-only export."""
+    path = Path(path)
+    if is_export_dir(path):
+        loaded = load_export(path, device, weights)
+        if need_head and loaded.model.head is None:
+            raise UserError(
+                f"export dir {path} holds the encoder only (exported with --encoder-only), which cannot predict "
+                "patches; pass a full export (vitmask export without --encoder-only) or the checkpoint"
+            )
+        return loaded
+    check_weights(weights)
+    state = checkpoint.load_checkpoint(path)
+    reject_task_checkpoint(state, path)
+    cfg = checkpoint.config_of(state, path)
+    chosen, _ = checkpoint_weights(state, path, weights)
+    model = build_model(cfg)
+    try:
+        checkpoint.load_model_state(model, chosen)
+    except (RuntimeError, TypeError, ValueError) as e:  # entries of the right shape but not loadable
+        raise checkpoint.describe_load_failure(e, path) from None
+    return LoadedModel(model.to(device).eval(), cfg, state)
+
+
+def reject_task_checkpoint(state: dict[str, Any], path: Path) -> None:
+    """A fine-tuned classifier's checkpoint is no masked-patch model: one line that says so."""
+    if state.get("task") == "finetune":
+        raise UserError(
+            f"checkpoint {path} is a fine-tuned classifier (vitmask finetune), not a masked-patch model; "
+            "pass the checkpoint it was fine-tuned from, or resume the fine-tuning with vitmask finetune"
+        )
+
+
+def model_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """The config of a checkpoint or an export dir, `overrides` applied (count-params)."""
+    if is_export_dir(path):
+        return config_from_dict(export_config(read_export_config(Path(path)), Path(path)).to_dict(), overrides)
+    return checkpoint.checkpoint_config(path, overrides)
+
+
+# ---- writing --------------------------------------------------------------------------------------
+def check_out_dir(out: Path) -> None:
+    """Refuse an --out that exists and holds files, is not a folder, or whose folder cannot be written."""
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} exists and is not a folder; pass a new folder path")
+    if out.is_dir() and any(out.iterdir()):
+        raise UserError(f"--out {out} already exists and holds files; nothing was written; pass a new or empty folder")
+    parent = out.parent
+    if not parent.is_dir():
+        raise UserError(f"the folder of --out {out} does not exist; create {parent} or pick another --out")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UserError(f"cannot write into {parent} (permission denied); pick another --out")
+
+
+def export_metadata(cfg: Config, kind: str, encoder_only: bool, state: dict[str, Any], source: Path) -> dict:
+    d = cfg.data
+    return {
+        "format": FORMAT,
+        "vitmask_version": __version__,
+        "weights": kind,
+        "encoder_only": encoder_only,
+        # MaskedPatchViT's constructor arguments
+        "model": dataclasses.asdict(cfg.model),
+        "num_patches": d.num_patches,
+        "patch_dim": d.patch_dim,
+        "num_classes": d.num_classes,
+        "fill": cfg.mask.fill,
+        "data": {
+            "image_size": d.image_size,
+            "patch_size": d.patch_size,
+            "threshold": d.threshold,
+            "invert": d.invert,
+            "fit": d.fit,
+            "bit_order": BIT_ORDER,
+        },
+        "training": {
+            "config": cfg.to_dict(),
+            "step": state.get("step"),
+            "run_id": state.get("run_id"),
+            "source": str(source),
+            "ema_decay": cfg.train.ema_decay,
+            "best_val_loss": state.get("best_val_loss"),
+            "val": state.get("val") if isinstance(state.get("val"), dict) else None,
+        },
+    }
+
+
+def model_card(meta: dict[str, Any], cfg: Config, params: int) -> str:
+    """README.md of an export: what the model is, what it was trained on and how, and its figures."""
+    d, m, t = cfg.data, cfg.model, meta["training"]
+    source = {"torchvision": f"torchvision {d.name}", "shapes": "vitmask's built-in shapes"}.get(d.source, d.source)
+    where = "" if d.source == "shapes" else f" from `{d.path}`"
+    what = "the encoder only (no decoder, no head)" if meta["encoder_only"] else "the whole model"
+    weights = f"the EMA of the weights (decay {t['ema_decay']})" if meta["weights"] == "ema" else "the trained weights"
+    lines = [
+        f"# {cfg.name}: a vitmask masked-patch vision transformer",
+        "",
+        f"Trained by vitmask {meta['vitmask_version']} on {source}{where}: {d.image_size}x{d.image_size} binary "
+        f"images (fit {d.fit}, threshold {d.threshold}, invert {str(d.invert).lower()}), cut into "
+        f"{d.patch_size}x{d.patch_size} patches, {d.num_classes} token classes; step {t['step']} of "
+        f"{cfg.train.max_steps}.",
+        "",
+        f"- Weights: {weights}, {what}, {params:,} parameters, fp32, in `{WEIGHTS_FILE}`.",
+        f"- Model: depth {m.depth}, width {m.hidden_dim}, {m.num_heads} heads, FFN {m.ffn_dim}, positions {m.pos}, "
+        f"decoder {m.decoder}; `{CONFIG_FILE}` holds every argument.",
+        f"- Trained with: `vitmask train --config config.yaml`, config.yaml being the config below "
+        f"(run id {t['run_id']}).",
+        "",
+        "## Figures of the run",
+        "",
+    ]
+    val = t.get("val") or {}
+    if val:
+        lines += [f"Validation at the last evaluation (masked patches at ratio {cfg.mask.ratio}):", ""]
+        lines += ["| weights | " + " | ".join(CARD_METRICS) + " |", "|---|" + "---:|" * len(CARD_METRICS)]
+        for name, row in val.items():
+            lines.append(f"| {name} | " + " | ".join(f"{row.get(k, float('nan')):.4f}" for k in CARD_METRICS) + " |")
+        lines.append("")
+    if isinstance(t.get("best_val_loss"), (int, float)):
+        lines.append(f"Best validation loss: {t['best_val_loss']:.4f} nats per masked patch.")
+    if not val and not isinstance(t.get("best_val_loss"), (int, float)):
+        lines.append("Not recorded in the checkpoint; measure it with `vitmask eval --checkpoint DIR`.")
+    lines += [
+        "",
+        "## Use",
+        "",
+        "```python",
+        "import vitmask",
+        'model = vitmask.load_pretrained("DIR")  # eval mode, on the CPU; no pickle is read',
+        "logits = model(patches, mask)  # (B, N, P) 0/1 pixels, (B, N) bool True = hidden -> (B, N, C)",
+        "```",
+        "",
+        f"Pixels of a patch: {BIT_ORDER}. Every verb that takes `--checkpoint` takes this folder too.",
+        "",
+        "## Config",
+        "",
+        "```yaml",
+        dump_config(cfg).rstrip(),
+        "```",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write_export(model: nn.Module, cfg: Config, meta: dict[str, Any], out: Path, onnx: bool = False) -> list[Path]:
+    """Write the export dir `out` through a temp dir beside it, renamed into place; returns its files."""
+    from safetensors.torch import save_file
+
+    from vitmask.runs.onnx_export import export_onnx
+
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        tmp.mkdir()
+        tensors = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in model.state_dict().items()}
+        save_file(tensors, tmp / WEIGHTS_FILE, metadata={"format": "pt", "vitmask": FORMAT})
+        meta = {**meta, "sha256": {WEIGHTS_FILE: sha256_of(tmp / WEIGHTS_FILE)}}
+        (tmp / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+        params = sum(p.numel() for p in model.parameters())
+        (tmp / CARD_FILE).write_text(model_card(meta, cfg, params))
+        if onnx:
+            export_onnx(model, cfg, tmp / ONNX_FILE)
+        if out.is_dir():
+            out.rmdir()  # empty: checked before the work
+        os.replace(tmp, out)
+    except OSError as e:
+        raise write_error(e, out, "--out") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return sorted(out.iterdir())
+
+
+def export(
+    path: str | Path, out: str | Path, weights: str | None = None, encoder_only: bool = False, onnx: bool = False
+) -> dict[str, Any]:
+    """`vitmask export`: a checkpoint (or an export dir) to the export dir `out`."""
+    from vitmask.runs.onnx_export import require_onnx
+
+    path, out = Path(path), Path(out)
+    check_weights(weights)
+    check_out_dir(out)
+    if onnx:
+        require_onnx()
+    model, cfg, state = load_model(path, "cpu", weights, need_head=not encoder_only)
+    kind = state["weights"] if is_export_dir(path) else checkpoint_weights(state, path, weights)[1]
+    if encoder_only:
+        drop_prediction_head(model)
+    record = state["training"] if is_export_dir(path) else state  # step, run id, figures
+    meta = export_metadata(cfg, kind, encoder_only, record, path)
+    files = write_export(model, cfg, meta, out, onnx)
+    return {"out": str(out), "weights": kind, "encoder_only": encoder_only, "files": [f.name for f in files]}

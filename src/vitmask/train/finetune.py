@@ -1,0 +1,273 @@
+"""Fine-tuning on labels (`vitmask finetune`): a classifier on a pretrained encoder, trained end to end
+on the Trainer's own loop, checkpoints, exact resume, signals, TensorBoard and run-dir lock.
+
+The classifier (`Classifier`) is the pretrained model without its decoder and head
+(`MaskedPatchViT.forward_encoder`: every patch visible, the final normalised tokens), the tokens
+pooled as `vitmask probe --pool` pools them (`finetune.pool`: the mean, or the means of a
+`finetune.grid` x grid of cells, concatenated), a LayerNorm over those features and a new linear
+head. The encoder's weights come from a checkpoint (its EMA weights when it has them) or an export
+dir; the head is new (normal, std `finetune.head_init_std`; bias 0).
+
+`FinetuneTrainer` is a `Trainer` with the task hooks swapped: the network, AdamW with layer-wise
+lr decay (`finetune.layer_decay`: block k of L at lr * decay^(L + 1 - k), the patch embedding and
+positions at decay^(L + 1), the final norm and the head at lr; BEiT's rule), a schedule per group
+that holds the encoder's lr at 0 for the first `finetune.freeze_steps` steps (the head warms up
+on frozen features; the optimizer's state keeps its shape, so resume stays exact), batches of
+images and labels, and cross-entropy on the labels. It trains with AdamW whatever
+`train.optimizer` says (`train.lr`, betas, eps, weight decay and schedule are read).
+
+Shapes: B batch, N patches, P pixels per patch, D width, F pooled features, L label classes.
+"""
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vitmask.config import Config, TrainConfig
+from vitmask.data.batches import LabelledSplits
+from vitmask.data.patches import patchify
+from vitmask.errors import UserError
+from vitmask.evaluate.probe import FEATURE_BATCH, check_classes, class_indices, pool_tokens, require_labels
+from vitmask.model.vit import MaskedPatchViT, build_model
+from vitmask.runs.checkpoint import check_model_state
+from vitmask.runs.export import drop_prediction_head
+from vitmask.runtime import distributed
+from vitmask.runtime.distributed import World
+from vitmask.runtime.process import autocast
+from vitmask.train.optim import decays, lr_factor
+from vitmask.train.report import Reporter
+from vitmask.train.trainer import Trainer
+
+
+# ---- the network ------------------------------------------------------------------------------------
+class Classifier(nn.Module):
+    """patches (B, N, P) float 0/1 pixels, nothing masked -> logits (B, L)."""
+
+    def __init__(self, encoder: MaskedPatchViT, num_labels: int, grid: int | None, head_init_std: float):
+        super().__init__()
+        self.encoder = drop_prediction_head(encoder)
+        self.grid = grid  # None: the mean of all tokens; G: the means of G x G cells
+        width = encoder.embed.out_features * (1 if grid is None else grid * grid)  # F
+        self.norm = nn.LayerNorm(width)
+        self.head = nn.Linear(width, num_labels)
+        nn.init.normal_(self.head.weight, std=head_init_std)
+        nn.init.zeros_(self.head.bias)
+
+    def forward(self, patches: torch.Tensor) -> torch.Tensor:
+        tokens = self.encoder.forward_encoder(patches)  # (B, N, D)
+        return self.head(self.norm(pool_tokens(tokens, self.grid)))  # (B, F) -> (B, L)
+
+
+def pool_grid(cfg: Config) -> int | None:
+    """finetune.pool and .grid as the grid to pool over (None: the mean), checked against the patch grid."""
+    if cfg.finetune.pool == "mean":
+        return None
+    g = cfg.data.grid
+    if cfg.finetune.grid > g:
+        raise UserError(
+            f"config: finetune.grid ({cfg.finetune.grid}) is more cells than the {g}x{g} patch grid has; "
+            f"pass 1 to {g}, or finetune.pool=mean"
+        )
+    return cfg.finetune.grid
+
+
+def layer_of(name: str, depth: int) -> int:
+    """A classifier parameter's layer for lr decay: 0 the embedding and positions, k block k, depth + 1 the rest."""
+    parts = name.split(".")
+    if parts[0] != "encoder" or parts[1] == "norm":
+        return depth + 1
+    return int(parts[2]) + 1 if parts[1] == "blocks" else 0
+
+
+# ---- batches, metrics, validation ----------------------------------------------------------------------
+@dataclass
+class LabelledBatch:
+    patches: torch.Tensor  # (B, N, P) float 0/1 pixels
+    labels: torch.Tensor  # (B,) int64 class indices
+
+    def split(self, parts: int) -> list["LabelledBatch"]:
+        return [LabelledBatch(*c) for c in zip(self.patches.chunk(parts), self.labels.chunk(parts), strict=True)]
+
+
+class LabelledBatchSampler:
+    """Random batches (with replacement) of a split's images and labels, from a generator of its own;
+    every rank draws the same global batch and keeps its shard (as BatchSampler)."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, cfg: Config, rank: int = 0, world: int = 1):
+        self.images, self.labels = images, labels.to(images.device)
+        self.patch_size, self.global_batch = cfg.data.patch_size, cfg.data.batch_size
+        per_rank = self.global_batch // world
+        self.shard = slice(rank * per_rank, (rank + 1) * per_rank)
+        self.generator = torch.Generator(device=images.device).manual_seed(cfg.seed + 1)
+
+    def sample(self) -> LabelledBatch:
+        idx = torch.randint(len(self.images), (self.global_batch,), generator=self.generator, device=self.images.device)
+        idx = idx[self.shard]  # (b,)
+        return LabelledBatch(patchify(self.images[idx], self.patch_size).float(), self.labels[idx])
+
+    def state_dict(self) -> dict:
+        return {"generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.generator.set_state(state["generator"])
+
+
+class ClassifierMetrics:
+    """Device-side sums of the loss and the hits since the last read (no host sync until `read`)."""
+
+    def __init__(self, device: torch.device):
+        self._sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, hits, count
+
+    def add(self, pred: torch.Tensor, targets: torch.Tensor, loss_sum: torch.Tensor) -> None:
+        """pred, targets (B,) class indices; loss_sum their summed cross-entropy."""
+        count = torch.tensor(float(targets.numel()), dtype=torch.float64, device=self._sums.device)
+        self._sums += torch.stack([loss_sum.detach().double(), (pred == targets).sum().double(), count])
+
+    def reset(self) -> None:
+        self._sums.zero_()
+
+    def read(self, world: World | None = None) -> dict[str, float]:
+        sums = self._sums if world is None else distributed.all_sum(self._sums.clone(), world)
+        loss, hits, count = sums.tolist()
+        return {"loss": loss / count if count else math.nan, "acc": hits / count if count else math.nan}
+
+
+@torch.no_grad()
+def classify(model: nn.Module, images: torch.Tensor, patch_size: int, precision: str) -> torch.Tensor:
+    """images (n, H, W) uint8 -> logits (n, L) float32, in batches, in eval mode (the mode is restored)."""
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    out = []
+    for chunk in images.split(FEATURE_BATCH):
+        with autocast(precision, device):
+            out.append(model(patchify(chunk.to(device), patch_size).float()).float())  # (b, L)
+    model.train(was_training)
+    return torch.cat(out)
+
+
+class ClassifierValidator:
+    """Loss and accuracy on the val labels, the majority-class accuracy beside them, the best loss so far."""
+
+    def __init__(self, cfg: Config, images: torch.Tensor, labels: torch.Tensor, majority: int, device: torch.device):
+        self.cfg, self.images, self.labels = cfg, images.to(device), labels.to(device)
+        self.majority_class = majority  # of the train labels
+        self.best_loss = math.inf
+
+    def evaluate(self, model: nn.Module, max_batches: int | None = None, ratio: float | None = None) -> dict:
+        logits = classify(model, self.images, self.cfg.data.patch_size, self.cfg.train.precision)  # (n, L)
+        return {
+            "loss": float(F.cross_entropy(logits, self.labels)),
+            "acc": float((logits.argmax(1) == self.labels).float().mean()),
+            "majority_acc": float((self.labels == self.majority_class).float().mean()),
+        }
+
+    def reconstruction(self, model: nn.Module) -> None:
+        return None
+
+    def improved(self, val: dict) -> bool:
+        if val["loss"] < self.best_loss:
+            self.best_loss = val["loss"]
+            return True
+        return False
+
+
+class ClassifierReporter(Reporter):
+    """The Reporter's lines and scalars for a classifier: loss and accuracy only, no pictures."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.scalars = ("loss", "acc")
+
+    def validation(self, step: int, val: dict, grid=None) -> None:
+        if not self.main:
+            return
+        self.logger.log({"val/loss": val["loss"], "val/acc": val["acc"]}, step)
+        self._say(
+            f"step {step}/{self.cfg.train.max_steps}  val loss {val['loss']:.4f}  acc {val['acc']:.4f}"
+            f"  (majority {val['majority_acc']:.4f})"
+        )
+
+
+# ---- the trainer ------------------------------------------------------------------------------------
+class FinetuneTrainer(Trainer):
+    """The Trainer on the classification task. `encoder` is the pretrained model's state dict (None:
+    the encoder starts from its random init, the from-scratch baseline)."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        data: LabelledSplits,
+        device: torch.device,
+        encoder: dict[str, torch.Tensor] | None = None,
+        logger=None,
+        world=None,
+        pretrained: str | None = None,
+    ):
+        labels = require_labels(data, cfg)
+        check_classes(labels["train"], "the train split's images", "label the images with their real classes")
+        self.labels, self.num_labels = class_indices(labels)
+        self.grid = pool_grid(cfg)
+        self.encoder_state = encoder
+        self.pretrained = pretrained
+        super().__init__(cfg, data.images, device, logger=logger, world=world)
+        self.train_metrics = ClassifierMetrics(device)
+        self.reporter = ClassifierReporter(cfg, logger, device, main=self.world.main)
+
+    def build_network(self) -> Classifier:
+        encoder = build_model(self.cfg)
+        if self.encoder_state is not None:
+            encoder_keys = {k: v for k, v in self.encoder_state.items() if not k.startswith(("decoder.", "head."))}
+            drop_prediction_head(encoder)
+            check_model_state(encoder, encoder_keys)
+            encoder.load_state_dict(encoder_keys)
+        return Classifier(encoder, self.num_labels, self.grid, self.cfg.finetune.head_init_std)
+
+    def build_optimization(self):
+        t, ft, depth = self.cfg.train, self.cfg.finetune, self.cfg.model.depth
+        groups: dict[tuple[int, bool, bool], list] = {}
+        for name, p in self.model.named_parameters():
+            key = (layer_of(name, depth), decays(name, p), name.startswith("encoder."))
+            groups.setdefault(key, []).append(p)
+        params, factors = [], []
+        # the head's groups first: the lr the trainer logs is the first group's
+        for (layer, decayed, in_encoder), ps in sorted(groups.items(), key=lambda kv: (kv[0][2], -kv[0][0], kv[0][1])):
+            scale = ft.layer_decay ** (depth + 1 - layer)
+            params.append({"params": ps, "lr": t.lr * scale, "weight_decay": t.weight_decay if decayed else 0.0})
+            factors.append(group_factor(t, ft.freeze_steps if in_encoder else 0))
+        optimizer = torch.optim.AdamW(params, lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps)
+        return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factors)
+
+    def build_sampler(self, train_images: torch.Tensor) -> LabelledBatchSampler:
+        return LabelledBatchSampler(train_images, self.labels["train"], self.cfg, self.world.rank, self.world.size)
+
+    def build_validator(self, splits: dict[str, torch.Tensor]) -> ClassifierValidator:
+        majority = int(torch.bincount(self.labels["train"], minlength=self.num_labels).argmax())
+        return ClassifierValidator(self.cfg, splits["val"], self.labels["val"], majority, self.device)
+
+    def forward_loss(self, mb: LabelledBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        with autocast(self.cfg.train.precision, self.device):
+            logits = self.net(mb.patches)  # (b, L)
+        return F.cross_entropy(logits.float(), mb.labels), logits.detach().argmax(-1), mb.labels
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "task": "finetune", "pretrained": self.pretrained}
+
+    def test_accuracy(self, images: torch.Tensor) -> float:
+        """Accuracy on the test split (the EMA's weights when there is an EMA)."""
+        model = self.ema.module if self.ema is not None else self.model
+        logits = classify(model, images, self.cfg.data.patch_size, self.cfg.train.precision)  # (n, L)
+        return float((logits.argmax(1) == self.labels["test"].to(logits.device)).float().mean())
+
+
+def group_factor(t: TrainConfig, frozen: int):
+    """The lr multiplier of a group at each step: 0 for the first `frozen` steps, then optim.lr_factor.
+    (A plain function: LambdaLR keeps nothing of it in the checkpoint; the step alone decides.)"""
+
+    def factor(step: int) -> float:
+        return 0.0 if step < frozen else lr_factor(step, t)
+
+    return factor
