@@ -57,15 +57,16 @@ MAX_DEPTH = 1024  # blocks: far beyond any model this trainer is for, and quick 
 
 
 RATIO_SCHEDULES = ("fixed", "uniform", "cosine")
-SOURCES = ("shapes", "torchvision", "idx", "folder", "npz")
+SOURCES = ("shapes", "torchvision", "idx", "folder", "npz", "npy", "packed")
+ON_DEVICE = ("auto", "true", "false")
 TORCHVISION_NAMES = ("MNIST", "FashionMNIST", "KMNIST", "EMNIST", "QMNIST", "Omniglot")
 EMNIST_SPLITS = ("byclass", "bymerge", "balanced", "letters", "digits", "mnist")
 
 
 @dataclass(frozen=True)
 class DataConfig:
-    source: str = "shapes"  # where images come from: shapes | torchvision | idx | folder | npz (see README, Data)
-    path: str = "data"  # torchvision: root; idx, folder: a directory; npz: a .npz file (unused by shapes)
+    source: str = "shapes"  # where images come from: shapes | torchvision | idx | folder | npz | npy | packed
+    path: str = "data"  # torchvision: root; idx, folder, npy, packed: a directory; npz: a .npz file
     name: str = "MNIST"  # torchvision: MNIST | FashionMNIST | KMNIST | EMNIST | QMNIST | Omniglot
     emnist_split: str = "balanced"  # torchvision EMNIST: byclass | bymerge | balanced | letters | digits | mnist
     download: bool = False  # torchvision: fetch the dataset into path when it is not there
@@ -84,6 +85,10 @@ class DataConfig:
     fit: str = "pad"  # how images of another size are fitted to image_size: pad | resize | center_crop | none
     threshold: float = 0.5  # a pixel is foreground when its gray level >= threshold * 255
     invert: bool = False  # swap foreground and background after thresholding
+    max_per_class: int = 0  # npy: take at most this many images from each <class>.npy file; 0 = all
+    # packed: whether the packed training split is copied to the device: auto (on CUDA when it fits, with a
+    # margin for the model) | true (always; refused when it does not fit) | false (gathered from the memory map)
+    on_device: str | bool = "auto"  # YAML's true/false are read as "true"/"false"
 
     def __post_init__(self) -> None:
         _finite(self, "data.")
@@ -91,6 +96,10 @@ class DataConfig:
         _choice(self.name, "data.name", TORCHVISION_NAMES)
         _choice(self.emnist_split, "data.emnist_split", EMNIST_SPLITS)
         _choice(self.bad_files, "data.bad_files", ("skip", "fail"))
+        _check(self.max_per_class >= 0, "data.max_per_class", f"must be >= 0 (0 = all), got {self.max_per_class}")
+        if isinstance(self.on_device, bool):
+            object.__setattr__(self, "on_device", str(self.on_device).lower())
+        _choice(self.on_device, "data.on_device", ON_DEVICE)
         _check("\x00" not in self.path, "data.path", "must not contain a NUL character")
         for k in ("val_fraction", "test_fraction"):
             v = getattr(self, k)

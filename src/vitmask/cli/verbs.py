@@ -15,6 +15,7 @@ import torch
 from vitmask.config import Config, check_seed, config_from_dict, dump_config, load_config
 from vitmask.data.batches import SPLITS, eval_batches, load_labelled_splits, load_splits
 from vitmask.data.masking import centre_box_mask
+from vitmask.data.packed import PackedImages, spread
 from vitmask.data.preprocess import binarize_images, load_image_file
 from vitmask.errors import UserError
 from vitmask.evaluate.likelihood import check_nll_args, nll_report
@@ -197,7 +198,9 @@ def evaluate_checkpoint(
     check_fits(cfg, device, training=False)
     splits = load_data(cfg, device)
     images = splits[split].to(device)
-    train = splits["train"].to(device)
+    train = baseline_images(splits["train"]).to(device)
+    if nll and isinstance(images, PackedImages):  # the Bernoulli baseline reads the images whole
+        images = images.unpacked()
     results = evaluate_split(
         model, cfg, train, images, ratios or [cfg.mask.ratio], seed, progress=True, strategy=strategy
     )
@@ -215,6 +218,17 @@ def evaluate_checkpoint(
     if nll:
         report["nll"] = nll_report(model, train, images, d.patch_size, nll_strata, nll_samples, seed, progress=True)
     return report
+
+
+BASELINE_TRAIN_IMAGES = 1 << 20  # packed train splits: the baselines are fitted on this many, spread over it
+
+
+def baseline_images(train):
+    """What the baselines are fitted on: an in-memory train split whole; a packed one's 2^20 images
+    spread over it (all of them when fewer), unpacked."""
+    if not isinstance(train, PackedImages):
+        return train
+    return spread(train, BASELINE_TRAIN_IMAGES).unpacked()
 
 
 def reconstruct(path: Path, out: Path, n: int, ratio: float | None, split: str, seed: int, device_name: str) -> Path:
@@ -375,5 +389,19 @@ def probe_checkpoint(
     check_seed(seed, "--seed")
     model, cfg, _ = load_model(path, device)
     check_fits(cfg, device, training=False)
-    report = run_probes(model, cfg, load_data(cfg, device, load_labelled_splits), split, layer, k, seed, pool, grid)
+    data = load_data(cfg, device, load_labelled_splits)
+    data.images = {s: x.unpacked() if isinstance(x, PackedImages) else x for s, x in data.images.items()}
+    report = run_probes(model, cfg, data, split, layer, k, seed, pool, grid)
     return {"checkpoint": str(path), **report}
+
+
+def pack(config: Path | None, overrides: list[str], out: Path) -> dict:
+    """Pack the configured source into the directory `out` (data/pack.py); return its header."""
+    from vitmask.data.pack import pack as pack_source
+
+    cfg = resolve_config(config, overrides)
+    try:
+        return pack_source(cfg, out)
+    except OSError as e:
+        where = f" under data.path {cfg.data.path}" if cfg.data.source != "shapes" else ""
+        raise UserError(f"cannot read the {cfg.data.source} data{where} ({reason(e)}); check data.path") from None

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from vitmask.config import Config
-from vitmask.data.batches import Batch, BatchSampler
+from vitmask.data.batches import Batch, BatchSampler, training_images
 from vitmask.evaluate.metrics import MaskedPatchMetrics
 from vitmask.model.vit import build_model
 from vitmask.runs.checkpoint import load_model_state, load_optimizer_state
@@ -59,7 +59,9 @@ class Trainer:
         # under a ratio schedule M changes from batch to batch: compile the step for any M at once,
         # not first for the M of batch 1 and again when the second differs (28 s of a cold start)
         self.any_masked_count = t.compile and cfg.mask.ratio_schedule != "fixed"
-        self.sampler = BatchSampler(splits["train"].to(device), cfg, self.world.rank, self.world.size)
+        self.sampler = BatchSampler(
+            training_images(splits["train"], cfg, device), cfg, self.world.rank, self.world.size
+        )
         self.validator = Validator(cfg, splits, device)
         self.reporter = Reporter(cfg, logger, device, main=self.world.main)
         self.divergence = DivergenceWatch(device)
@@ -137,6 +139,7 @@ class Trainer:
         self.sampler.load_state_dict(state["sampler"])
         process.set_rng_state(state["rng"])
         self.step = int(state["step"])
+        self.sampler.seek(self.step)  # the data order is a function of the step
         self.validator.best_loss = float(state["best_val_loss"])
 
     # ---- the loop ---------------------------------------------------------------------------
