@@ -15,6 +15,7 @@ Shapes: B batch, N patches, P pixels per patch, M masked patches per image.
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from vitmask.config import Config
@@ -89,9 +90,6 @@ def training_images(images, cfg: Config, device: torch.device):
     return images.rows_to_device()
 
 
-MIX = 0xFFFFFFFF  # 32-bit words: products of two stay under 2^63, so int64 never overflows
-
-
 def mix64(*words: int) -> int:
     """A 63-bit hash of integers (splitmix64 steps): seeds of generators and of permutation rounds."""
     x = 0x9E3779B97F4A7C15
@@ -108,8 +106,8 @@ class EpochOrder:
 
     A balanced Feistel network of `ROUNDS` rounds over 2b bits (4^b >= n) is a bijection of
     [0, 4^b); positions that land at or past n are walked through it again until they fall inside
-    (cycle walking), which keeps it a bijection of [0, n). Every step is int64 arithmetic on the
-    CPU, the same on any machine and for any number of processes.
+    (cycle walking), which keeps it a bijection of [0, n). Every step is uint64 arithmetic in NumPy
+    on the CPU (wrapping multiplication), the same on any machine and for any number of processes.
     """
 
     ROUNDS = 6
@@ -117,41 +115,48 @@ class EpochOrder:
     def __init__(self, n: int, seed: int):
         self.n, self.seed = n, seed
         bits = max(2, (n - 1).bit_length())
-        self.half = (bits + 1) // 2  # bits of each Feistel half
-        self.low = (1 << self.half) - 1
+        self.half = np.uint64((bits + 1) // 2)  # bits of each Feistel half
+        self.low = np.uint64((1 << int(self.half)) - 1)
 
-    def _round(self, r: torch.Tensor, key: int) -> torch.Tensor:
-        t = (r ^ key) & MIX
-        t = (t * 0x5BD1E995) & MIX
-        t = t ^ (t >> 15)
-        t = (t * 0x27D4EB2D) & MIX
-        return (t ^ (t >> 13)) & self.low
+    def _round(self, r: np.ndarray, key: np.uint64) -> np.ndarray:
+        t = (r ^ key) * np.uint64(0x9E3779B97F4A7C15)
+        t ^= t >> np.uint64(29)
+        t *= np.uint64(0xBF58476D1CE4E5B9)
+        return (t ^ (t >> np.uint64(32))) & self.low
 
-    def _feistel(self, x: torch.Tensor, keys: list[int]) -> torch.Tensor:
+    def _feistel(self, x: np.ndarray, keys: list) -> np.ndarray:
         left, right = x >> self.half, x & self.low
         for k in keys:
             left, right = right, left ^ self._round(right, k)
         return (left << self.half) | right
 
+    def permute(self, epoch: int, pos: np.ndarray) -> np.ndarray:
+        """(k,) uint64 positions in [0, n) of `epoch` -> (k,) uint64 indices of the split."""
+        keys = [np.uint64(mix64(self.seed, epoch, i)) for i in range(self.ROUNDS)]
+        y = self._feistel(pos, keys)
+        out = np.flatnonzero(y >= self.n)
+        while len(out):
+            y[out] = self._feistel(y[out], keys)
+            out = out[y[out] >= self.n]
+        return y
+
     def __call__(self, epoch: int, pos: torch.Tensor) -> torch.Tensor:
         """(k,) int64 positions in [0, n) of `epoch` -> (k,) int64 indices of the split."""
-        keys = [mix64(self.seed, epoch, i) & MIX for i in range(self.ROUNDS)]
-        y = self._feistel(pos, keys)
-        out = y >= self.n
-        while bool(out.any()):  # CPU tensors: no device sync
-            y[out] = self._feistel(y[out], keys)
-            out = y >= self.n
-        return y
+        return torch.from_numpy(self.permute(epoch, pos.numpy().astype(np.uint64)).astype(np.int64))
 
     def indices(self, start: int, count: int) -> torch.Tensor:
         """(count,) int64 split indices at global stream positions start .. start + count - 1."""
-        q = torch.arange(start, start + count, dtype=torch.long)  # (count,)
+        first, last = start // self.n, (start + count - 1) // self.n
+        if first == last:  # the common case: one epoch
+            pos = np.arange(start - first * self.n, start - first * self.n + count, dtype=np.uint64)
+            return torch.from_numpy(self.permute(first, pos).astype(np.int64))
+        q = np.arange(start, start + count, dtype=np.int64)
         epochs = q // self.n
-        out = torch.empty_like(q)
-        for e in range(int(epochs[0]), int(epochs[-1]) + 1):
+        out = np.empty(count, dtype=np.int64)
+        for e in range(first, last + 1):
             here = epochs == e
-            out[here] = self(e, q[here] - e * self.n)
-        return out
+            out[here] = self.permute(e, (q[here] - e * self.n).astype(np.uint64)).astype(np.int64)
+        return torch.from_numpy(out)
 
 
 @dataclass

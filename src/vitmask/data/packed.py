@@ -252,6 +252,9 @@ class PackedImages:
         else:
             pos = torch.as_tensor(key).long()
             pos = torch.where(pos < 0, pos + n, pos)
+        if self.device.type == "cpu" and not torch.is_tensor(self.rows):  # NumPy's unpackbits: the fastest on a CPU
+            bits = np.unpackbits(self._gather(pos.numpy()), axis=1, count=self.height * self.width)  # (k, H*W)
+            return torch.from_numpy(bits.reshape(len(bits), self.height, self.width))
         return unpack_rows(self.packed(pos), self.height, self.width)  # (k, H, W)
 
     def subset(self, pos: np.ndarray) -> "PackedImages":
