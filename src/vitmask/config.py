@@ -61,7 +61,7 @@ def check_seed(seed: int, key: str) -> None:
 
 
 # The choices of each choice field: the one place a new choice is added (checked by `_choices`).
-Source = Literal["shapes", "torchvision", "idx", "folder", "npz"]
+Source = Literal["shapes", "torchvision", "idx", "folder", "npz", "npy", "packed"]
 TorchvisionName = Literal["MNIST", "FashionMNIST", "KMNIST", "EMNIST", "QMNIST", "Omniglot"]
 EmnistSplit = Literal["byclass", "bymerge", "balanced", "letters", "digits", "mnist"]
 BadFiles = Literal["skip", "fail"]
@@ -84,7 +84,7 @@ MAX_DEPTH = 1024  # blocks: far beyond any model this trainer is for, and quick 
 @dataclass(frozen=True)
 class DataConfig:
     source: Source = "shapes"  # where images come from (docs/data.md)
-    path: str = "data"  # torchvision: root; idx, folder: a directory; npz: a .npz file (unused by shapes)
+    path: str = "data"  # torchvision: root; idx, folder, npy, packed: a directory; npz: a .npz file
     name: TorchvisionName = "MNIST"  # torchvision: the dataset
     emnist_split: EmnistSplit = "balanced"  # torchvision EMNIST: the split
     download: bool = False  # torchvision: fetch the dataset into path when it is not there
@@ -103,10 +103,20 @@ class DataConfig:
     fit: Fit = "pad"  # how images of another size are fitted to image_size
     threshold: float = 0.5  # a pixel is foreground when its gray level >= threshold * 255
     invert: bool = False  # swap foreground and background after thresholding
+    max_per_class: int = 0  # npy: take at most this many images from each <class>.npy file; 0 = all
+    # packed: whether the packed training split is copied to the device: auto (on CUDA when it fits, with a
+    # margin for the model) | true (always; refused when it does not fit) | false (gathered from the memory map)
+    on_device: Literal["auto"] | bool = "auto"  # auto, true or false, as above
 
     def __post_init__(self) -> None:
         _finite(self, "data.")
         _choices(self, "data.")
+        _check(self.max_per_class >= 0, "data.max_per_class", f"must be >= 0 (0 = all), got {self.max_per_class}")
+        _check(
+            self.on_device in ("auto", True, False),
+            "data.on_device",
+            f"must be auto, true or false, got {self.on_device!r}",
+        )
         _check("\x00" not in self.path, "data.path", "must not contain a NUL character")
         for k in ("val_fraction", "test_fraction"):
             v = getattr(self, k)

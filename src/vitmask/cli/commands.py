@@ -348,6 +348,18 @@ def finetune(
         print(f"  linear probe    {r['linear_probe']:.4f}  (of {r['checkpoint']}, the same pooling)")
 
 
+@app.command()
+def pack(
+    config: Path = ConfigOpt,
+    overrides: list[str] = SetOpt,
+    out: Path = typer.Option(..., "--out", help="The packed dataset directory to write (docs/corpora.md)."),
+) -> None:
+    """Pack the configured source into a bit-packed, memory-mapped dataset (train it with data.source=packed)."""
+    header = verbs.pack(config, overrides, out)
+    splits = ", ".join(f"{k} {v['count']:,}" for k, v in header["splits"].items())
+    print(f"wrote {out}: {header['count']:,} images {header['height']}x{header['width']} ({splits})")
+
+
 def _stop(signum, frame):
     raise Stopped(signum)
 

@@ -15,6 +15,7 @@ import torch
 from vitmask.config import Config, check_seed, config_from_dict, dump_config, load_config
 from vitmask.data.batches import SPLITS, eval_batches, load_labelled_splits, load_splits
 from vitmask.data.masking import centre_box_mask
+from vitmask.data.packed import PackedImages, spread
 from vitmask.data.preprocess import binarize_images, load_image_file
 from vitmask.errors import UserError
 from vitmask.evaluate.likelihood import check_nll_args, nll_report
@@ -229,7 +230,9 @@ def evaluate_checkpoint(
         raise UserError(f"--centre-box needs at least 2x2 patches; this model's grid is {data.grid}x{data.grid}")
     splits = load_data(cfg, device)
     images = splits[split].to(device)
-    train = splits["train"].to(device)
+    train = baseline_images(splits["train"]).to(device)
+    if nll and isinstance(images, PackedImages):  # the Bernoulli baseline reads the images whole
+        images = images.unpacked()
     results = evaluate_split(
         model, cfg, train, images, ratios or [cfg.mask.ratio], seed, progress=True, strategy=strategy
     )
@@ -247,6 +250,17 @@ def evaluate_checkpoint(
     if nll:
         report["nll"] = nll_report(model, train, images, data.patch_size, nll_strata, nll_samples, seed, progress=True)
     return report
+
+
+BASELINE_TRAIN_IMAGES = 1 << 20  # packed train splits: the baselines are fitted on this many, spread over it
+
+
+def baseline_images(train):
+    """What the baselines are fitted on: an in-memory train split whole; a packed one's 2^20 images
+    spread over it (all of them when fewer), unpacked."""
+    if not isinstance(train, PackedImages):
+        return train
+    return spread(train, BASELINE_TRAIN_IMAGES).unpacked()
 
 
 def reconstruct(
@@ -405,7 +419,9 @@ def probe_checkpoint(
     if split not in ("val", "test"):
         raise UserError(f"unknown split '{split}' for probe; use val or test (the probes are fitted on train)")
     model, cfg, device = open_model(path, device_name, seed, weights, need_head=False)
-    report = run_probes(model, cfg, load_data(cfg, device, load_labelled_splits), split, layer, k, seed, pool, grid)
+    data = load_data(cfg, device, load_labelled_splits)
+    data.images = {s: x.unpacked() if isinstance(x, PackedImages) else x for s, x in data.images.items()}
+    report = run_probes(model, cfg, data, split, layer, k, seed, pool, grid)
     return {"checkpoint": str(path), **report}
 
 
@@ -539,3 +555,15 @@ def _check_same_images(trained: Config, asked: Config, checkpoint: Path) -> None
             f"patches, but the config asks for {b.image_size}x{b.image_size} in {b.patch_size}-pixel patches; "
             f"set data.image_size={a.image_size} and data.patch_size={a.patch_size}, or use a checkpoint of that size"
         )
+
+
+def pack(config: Path | None, overrides: list[str], out: Path) -> dict:
+    """Pack the configured source into the directory `out` (data/pack.py); return its header."""
+    from vitmask.data.pack import pack as pack_source
+
+    cfg = resolve_config(config, overrides)
+    try:
+        return pack_source(cfg, out)
+    except OSError as e:
+        where = f" under data.path {cfg.data.path}" if cfg.data.source != "shapes" else ""
+        raise UserError(f"cannot read the {cfg.data.source} data{where} ({reason(e)}); check data.path") from None

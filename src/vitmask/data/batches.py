@@ -1,19 +1,28 @@
-"""Images in memory, and batches built from them on the device.
+"""Images in memory or packed on disk, and batches built from them on the device.
 
-A split is one uint8 tensor (n, H, W) of 0/1 pixels, held on the training device. A batch is an
-index op plus on-device patchify and masking: no DataLoader, no per-sample Python.
+A split is one uint8 tensor (n, H, W) of 0/1 pixels, held on the training device, or for
+`data.source: packed` a `packed.PackedImages` indexed the same way (packed rows gathered from a
+memory map, or from the device, and unpacked there). A batch is an index op plus on-device
+patchify and masking: no DataLoader, no per-sample Python.
+
+Training order (`EpochOrder`): an epoch is a seeded permutation of the training split, computed
+for any positions by a Feistel bijection, so no index of the split's size is ever built; the
+image at global position q of the stream is perm_{q // n}(q % n). Batch s is positions
+s * B .. s * B + B - 1, so the sampler's whole state is the step: (seed, epoch, position) follow.
 
 Shapes: B batch, N patches, P pixels per patch, M masked patches per image.
 """
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from vitmask.config import Config
-from vitmask.data import shapes, sources
+from vitmask.data import packed, shapes, sources
 from vitmask.data.masking import draw_mask, draw_num_masked, num_masked
 from vitmask.data.patches import patches_to_classes, patchify
+from vitmask.errors import UserError
 
 SPLITS = ("train", "val", "test")
 
@@ -41,8 +50,115 @@ def load_labelled_splits(cfg: Config) -> LabelledSplits:
         return LabelledSplits(
             *shapes.make_labelled_splits(data.num_train, data.num_val, data.num_test, data.image_size, seed)
         )
+    if data.source == "packed":
+        return load_packed_splits(cfg)
     images, labels = sources.load_source_labelled(data, seed)
     return LabelledSplits(images, None, labels) if isinstance(labels, str) else LabelledSplits(images, labels)
+
+
+def load_packed_splits(cfg: Config) -> LabelledSplits:
+    """The splits of a packed directory (packed.py), as PackedImages on the CPU: nothing is read but
+    the headers (and the labels, 8 bytes an image). The split is the one stored at pack time."""
+    ds = packed.open_packed(cfg.data.path)
+    packed.check_matches_config(ds, cfg.data.image_size)
+    images = {k: ds.split(k) for k in SPLITS}
+    if ds.labels is None:
+        return LabelledSplits(images, None, f"the packed dataset {ds.root} has no labels; pack a labelled source")
+    return LabelledSplits(images, {k: ds.split_labels(k) for k in SPLITS})
+
+
+def training_images(images, cfg: Config, device: torch.device):
+    """The train split where the sampler gathers from: an in-memory split moved to `device`; a
+    packed one with its rows copied to the device by `data.on_device` (auto: on CUDA when the rows
+    take under half the free memory; true: always, refused when they do not fit; false: never, rows
+    gathered from the memory map through pinned memory)."""
+    if not isinstance(images, packed.PackedImages):
+        return images.to(device)
+    images = images.to(device)
+    policy = cfg.data.on_device
+    if policy is False or (policy == "auto" and device.type != "cuda"):
+        return images
+    from vitmask.runtime.memory import available_bytes, gib
+
+    free = available_bytes(device)
+    need = images.packed_bytes
+    if policy == "auto" and (free is None or need > free // 2):
+        return images
+    if free is not None and need > free:
+        raise UserError(
+            f"data.on_device is true but the packed train split takes {gib(need)} and {device} has {gib(free)} free; "
+            "set data.on_device=auto or false to gather batches from the memory map"
+        )
+    return images.rows_to_device()
+
+
+def mix64(*words: int) -> int:
+    """A 63-bit hash of integers (splitmix64 steps): seeds of generators and of permutation rounds."""
+    x = 0x9E3779B97F4A7C15
+    for w in words:
+        x = (x ^ (w & 0xFFFFFFFFFFFFFFFF)) * 0xBF58476D1CE4E5B9 & 0xFFFFFFFFFFFFFFFF
+        x ^= x >> 31
+        x = (x * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+        x ^= x >> 29
+    return x >> 1
+
+
+class EpochOrder:
+    """The seeded permutations of range(n), one per epoch, evaluated at any positions.
+
+    A balanced Feistel network of `ROUNDS` rounds over 2b bits (4^b >= n) is a bijection of
+    [0, 4^b); positions that land at or past n are walked through it again until they fall inside
+    (cycle walking), which keeps it a bijection of [0, n). Every step is uint64 arithmetic in NumPy
+    on the CPU (wrapping multiplication), the same on any machine and for any number of processes.
+    """
+
+    ROUNDS = 6
+
+    def __init__(self, n: int, seed: int):
+        self.n, self.seed = n, seed
+        bits = max(2, (n - 1).bit_length())
+        self.half = np.uint64((bits + 1) // 2)  # bits of each Feistel half
+        self.low = np.uint64((1 << int(self.half)) - 1)
+
+    def _round(self, r: np.ndarray, key: np.uint64) -> np.ndarray:
+        t = (r ^ key) * np.uint64(0x9E3779B97F4A7C15)
+        t ^= t >> np.uint64(29)
+        t *= np.uint64(0xBF58476D1CE4E5B9)
+        return (t ^ (t >> np.uint64(32))) & self.low
+
+    def _feistel(self, x: np.ndarray, keys: list) -> np.ndarray:
+        left, right = x >> self.half, x & self.low
+        for k in keys:
+            left, right = right, left ^ self._round(right, k)
+        return (left << self.half) | right
+
+    def permute(self, epoch: int, pos: np.ndarray) -> np.ndarray:
+        """(k,) uint64 positions in [0, n) of `epoch` -> (k,) uint64 indices of the split."""
+        keys = [np.uint64(mix64(self.seed, epoch, i)) for i in range(self.ROUNDS)]
+        y = self._feistel(pos, keys)
+        out = np.flatnonzero(y >= self.n)
+        while len(out):
+            y[out] = self._feistel(y[out], keys)
+            out = out[y[out] >= self.n]
+        return y
+
+    def __call__(self, epoch: int, pos: torch.Tensor) -> torch.Tensor:
+        """(k,) int64 positions in [0, n) of `epoch` -> (k,) int64 indices of the split."""
+        return torch.from_numpy(self.permute(epoch, pos.numpy().astype(np.uint64)).astype(np.int64))
+
+    def indices(self, start: int, count: int) -> torch.Tensor:
+        """(count,) int64 split indices at global stream positions start .. start + count - 1."""
+        first, last = start // self.n, (start + count - 1) // self.n
+        if first == last:  # the common case: one epoch
+            pos = np.arange(start - first * self.n, start - first * self.n + count, dtype=np.uint64)
+            return torch.from_numpy(self.permute(first, pos).astype(np.int64))
+        q = np.arange(start, start + count, dtype=np.int64)
+        epochs = q // self.n
+        out = np.empty(count, dtype=np.int64)
+        for e in range(first, last + 1):
+            here = epochs == e
+            out[here] = self.permute(e, (q[here] - e * self.n).astype(np.uint64)).astype(np.int64)
+        return torch.from_numpy(out)
 
 
 @dataclass
@@ -72,17 +188,16 @@ def make_batch(images: torch.Tensor, patch_size: int, ids: torch.Tensor, mask: t
 
 
 class BatchSampler:
-    """Draws training batches from an in-memory split with its own generator.
+    """Draws training batches from the train split (a tensor or PackedImages); its state is the step.
 
-    Every rank draws the same global batch (indices and masks) and keeps its own contiguous shard,
-    so the ranks see disjoint images and a world of any size follows the same data stream.
-
-    The count M of masked patches is drawn once per batch from `mask.ratio_schedule` by a CPU
-    generator of the sampler's own: reading it back costs no device sync, every rank draws the same
-    M, and its state is saved with the sampler's.
+    Batch s is the positions s * B .. s * B + B - 1 of the epoch stream (`EpochOrder`, seeded by
+    seed + 1), with masks from a device generator and the masked count M from a CPU generator,
+    both seeded afresh from (seed, s). Every rank computes the same global batch (B indices and
+    masks, cheap) and gathers only its own contiguous shard, so the ranks see disjoint images and
+    a run resumed at step s on any number of processes sees the same global batches.
     """
 
-    def __init__(self, images: torch.Tensor, cfg: Config, rank: int = 0, world: int = 1):
+    def __init__(self, images, cfg: Config, rank: int = 0, world: int = 1):
         self.images = images
         self.patch_size = cfg.data.patch_size
         self.global_batch = cfg.data.batch_size
@@ -92,28 +207,48 @@ class BatchSampler:
         self.num_mask = num_masked(self.num_patches, cfg.mask.ratio)
         per_rank = self.global_batch // world
         self.shard = slice(rank * per_rank, (rank + 1) * per_rank)
-        self.generator = torch.Generator(device=images.device).manual_seed(cfg.seed + 1)
-        self.count_generator = torch.Generator().manual_seed(cfg.seed + 2)  # CPU: M per batch
+        self.seed = cfg.seed + 1
+        self.order = EpochOrder(len(images), self.seed)
+        self.generator = torch.Generator(device=images.device)
+        self.count_generator = torch.Generator()  # CPU: M per batch
+        self.step = 0  # batches drawn: the next batch is batch `step`
+
+    def seek(self, step: int) -> None:
+        """Make the next batch batch `step` (a resumed run's step)."""
+        self.step = int(step)
 
     def next_num_mask(self) -> int:
         """M for the next batch, from mask.ratio_schedule (masking.draw_num_masked), on the CPU."""
+        self.count_generator.manual_seed(mix64(self.seed, self.step, 2))
         return draw_num_masked(self.mask_cfg, self.num_patches, self.count_generator)
 
     def sample(self) -> Batch:
         dev = self.images.device
-        idx = torch.randint(len(self.images), (self.global_batch,), generator=self.generator, device=dev)
-        m = self.next_num_mask()
-        ids, mask = draw_mask(self.mask_cfg, self.global_batch, self.grid, m, self.generator, dev)  # (B, M), (B, N)
         s = self.shard
-        return make_batch(self.images[idx[s]], self.patch_size, ids[s], mask[s])
+        idx = self.order.indices(self.step * self.global_batch, self.global_batch)[s]  # (b,) CPU int64
+        m = self.next_num_mask()
+        self.generator.manual_seed(mix64(self.seed, self.step, 1))
+        ids, mask = draw_mask(self.mask_cfg, self.global_batch, self.grid, m, self.generator, dev)  # (B, M), (B, N)
+        self.step += 1
+        images = self.images[idx if isinstance(self.images, packed.PackedImages) else idx.to(dev)]  # (b, H, W)
+        return make_batch(images, self.patch_size, ids[s], mask[s])
+
+    def position(self) -> tuple[int, int]:
+        """(epoch, position in it) of the next batch's first image."""
+        return divmod(self.step * self.global_batch, len(self.images))
 
     def state_dict(self) -> dict:
-        return {"generator": self.generator.get_state(), "count_generator": self.count_generator.get_state()}
+        epoch, position = self.position()
+        return {"seed": self.seed, "epoch": epoch, "position": position, "step": self.step}
 
     def load_state_dict(self, state: dict) -> None:
-        self.generator.set_state(state["generator"])
-        if "count_generator" in state:  # absent from checkpoints written before ratio ranges
-            self.count_generator.set_state(state["count_generator"])
+        """Take a saved state's seed and step (a checkpoint of the generator-state sampler has
+        neither: the trainer seeks to its step, with this run's seed)."""
+        if "seed" in state:
+            self.seed = int(state["seed"])
+            self.order = EpochOrder(len(self.images), self.seed)
+        if "step" in state:
+            self.seek(state["step"])
 
 
 def eval_strategy(cfg: Config, strategy: str | None = None) -> str:

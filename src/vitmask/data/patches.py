@@ -64,7 +64,11 @@ def patch_label(cls: int, p: int) -> str:
     return "/".join(bits[i : i + p] for i in range(0, len(bits), p))
 
 
-def class_counts(images: torch.Tensor, patch_size: int, num_classes: int) -> torch.Tensor:
-    """(C,) int64 count of each token class over every patch of `images` (n, H, W)."""
-    classes = patches_to_classes(patchify(images, patch_size))  # (n, N)
-    return torch.bincount(classes.flatten(), minlength=num_classes)
+def class_counts(images: torch.Tensor, patch_size: int, num_classes: int, chunk: int = 1 << 14) -> torch.Tensor:
+    """(C,) int64 count of each token class over every patch of `images` (n, H, W), `chunk` images at
+    a time (anything indexed like a tensor: a packed split too)."""
+    total = torch.zeros(num_classes, dtype=torch.long, device=images.device)
+    for start in range(0, len(images), chunk):
+        classes = patches_to_classes(patchify(images[start : start + chunk], patch_size))  # (chunk, N)
+        total += torch.bincount(classes.flatten(), minlength=num_classes)
+    return total

@@ -32,10 +32,20 @@ def dataset_stats(splits: dict[str, torch.Tensor], cfg: Config, top: int = 5) ->
     order = share.argsort(descending=True)[:top]
     return {
         "images": {k: len(splits[k]) for k in SPLITS},
-        "foreground": {k: float(splits[k].double().mean()) if len(splits[k]) else float("nan") for k in SPLITS},
+        "foreground": {k: foreground_share(splits[k]) for k in SPLITS},
         "empty_patch_share": float(share[0]),
         "top_classes": [(int(c), float(share[c])) for c in order],
     }
+
+
+def foreground_share(images, chunk: int = 1 << 14) -> float:
+    """The share of foreground pixels of `images` (n, H, W) 0/1 (a tensor or a packed split), counted
+    `chunk` images at a time; NaN for no images."""
+    if len(images) == 0:
+        return float("nan")
+    ones = sum(int(images[s : s + chunk].sum(dtype=torch.int64)) for s in range(0, len(images), chunk))
+    n, h, w = images.shape
+    return ones / (n * h * w)
 
 
 def format_stats(stats: dict, cfg: Config) -> str:

@@ -1,4 +1,4 @@
-"""Real image sources: torchvision datasets, idx files, image folders and npz archives.
+"""Real image sources: torchvision datasets, idx files, image folders, npz archives and npy folders.
 
 Each reader hands over grayscale uint8 images (0..255) under the split names the source itself
 has: {"train", "test"} (and "val" for a folder that has one) where the source comes with a
@@ -50,10 +50,13 @@ def _existing(path: str, what: str) -> Path:
 
 
 # ---- splits ---------------------------------------------------------------------------------------
-def split_fractions(n: int, fractions: tuple[float, ...], seed: int) -> list[torch.Tensor]:
+def split_fractions(
+    n: int, fractions: tuple[float, ...], seed: int, dtype: torch.dtype = torch.int64
+) -> list[torch.Tensor]:
     """A seeded permutation of range(n) cut into len(fractions) + 1 index sets: round(f * n) for each
-    fraction (at least 1), in order, then the rest. The same n, fractions and seed give the same sets."""
-    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))  # (n,)
+    fraction (at least 1), in order, then the rest. The same n, fractions and seed give the same sets
+    (int32 holds the same values as int64, in half the memory)."""
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed), dtype=dtype)  # (n,)
     counts = [max(1, round(f * n)) for f in fractions]
     if sum(counts) >= n:
         raise UserError(
@@ -63,15 +66,17 @@ def split_fractions(n: int, fractions: tuple[float, ...], seed: int) -> list[tor
     return list(torch.split(perm, [*counts, n - sum(counts)]))
 
 
-def split_plan(sizes: dict[str, int], cfg: DataConfig, seed: int) -> dict[str, tuple[str, torch.Tensor | None]]:
+def split_plan(
+    sizes: dict[str, int], cfg: DataConfig, seed: int, dtype: torch.dtype = torch.int64
+) -> dict[str, tuple[str, torch.Tensor | None]]:
     """Where each of train/val/test comes from, given the sizes of a source's own parts: (part,
     indices into it), or (part, None) for the whole part in order (see module doc)."""
     if "all" in sizes:
-        test, val, train = split_fractions(sizes["all"], (cfg.test_fraction, cfg.val_fraction), seed)
+        test, val, train = split_fractions(sizes["all"], (cfg.test_fraction, cfg.val_fraction), seed, dtype)
         return {"train": ("all", train), "val": ("all", val), "test": ("all", test)}
     plan: dict[str, tuple[str, torch.Tensor | None]] = {k: (k, None) for k in sizes}
     if "val" not in sizes:
-        val, train = split_fractions(sizes["train"], (cfg.val_fraction,), seed)
+        val, train = split_fractions(sizes["train"], (cfg.val_fraction,), seed, dtype)
         plan["train"], plan["val"] = ("train", train), ("train", val)
     return {k: plan[k] for k in ("train", "val", "test")}
 
@@ -89,7 +94,13 @@ def make_splits(parts: dict[str, torch.Tensor], cfg: DataConfig, seed: int) -> d
 def load_source_labelled(cfg: DataConfig, seed: int) -> tuple[dict[str, torch.Tensor], Labels]:
     """The splits of a non-built-in source (read, binarize, split) and their labels, split alike:
     {"train", "val", "test"} of int64 (n,), or the line saying why the source has none."""
-    readers = {"torchvision": read_torchvision, "idx": read_idx, "folder": read_folder, "npz": read_npz}
+    readers = {
+        "torchvision": read_torchvision,
+        "idx": read_idx,
+        "folder": read_folder,
+        "npz": read_npz,
+        "npy": read_npy,
+    }
     raw, labels = readers[cfg.source](cfg)
     check_images_fit(sum(len(v) for v in raw.values()), cfg.image_size)
     binary = {k: binarize_list(v, cfg) if isinstance(v, list) else binarize_images(v, cfg) for k, v in raw.items()}
@@ -351,3 +362,83 @@ def npz_labels(archive, key: str, path: Path, n: int) -> torch.Tensor | str:
     if np.issubdtype(a.dtype, np.integer) and (n == 0 or a.min() >= 0):
         return torch.from_numpy(a.astype(np.int64))
     return torch.from_numpy(np.unique(a, return_inverse=True)[1].reshape(n).astype(np.int64))
+
+
+# ---- npy (the Quick, Draw! layout) ----------------------------------------------------------------
+NPY_CHUNK = 1 << 16  # images read from a memory-mapped file at a time
+
+
+class NpyFile:
+    """One `<name>.npy` of an npy folder, memory-mapped: (n, H, W) images of one class, `name`.
+
+    The file holds uint8 gray levels 0..255, or 0/1 values (uint8, bool or another integer type),
+    as (n, H*W) with H*W a square (Quick, Draw!'s (n, 784)) or as (n, H, W). `count` is how many
+    are taken: the first min(n, data.max_per_class). Opening reads the .npy header and, for the
+    value range, the taken images once.
+    """
+
+    def __init__(self, path: Path, max_per_class: int):
+        import numpy as np
+
+        self.path, self.name = path, path.stem
+        fix = "store (n, 784) or (n, H, W) uint8 gray levels 0..255 (or 0/1) per class, as Quick, Draw! does"
+        try:
+            a = np.load(path, mmap_mode="r", allow_pickle=False)
+        except (OSError, ValueError, EOFError) as e:
+            raise UserError(f"{path} is not a readable .npy file ({e.__class__.__name__}); {fix}") from None
+        if not (a.dtype == np.bool_ or np.issubdtype(a.dtype, np.integer)):
+            raise UserError(f"{path} has dtype {a.dtype}; {fix}")
+        side = math.isqrt(a.shape[1]) if a.ndim == 2 else 0
+        if a.ndim == 2 and side * side == a.shape[1] and side > 0:
+            a = a.reshape(len(a), side, side)  # a view of the memory map
+        if a.ndim != 3 or 0 in a.shape[1:]:
+            raise UserError(f"{path} has shape {a.shape}, not (n, H*W) with H*W a square or (n, H, W); {fix}")
+        self.array = a  # (n, H, W) memmap
+        self.count = len(a) if max_per_class == 0 else min(len(a), max_per_class)
+        lo, hi = self._range()
+        if lo < 0 or hi > 255:
+            raise UserError(f"{path} holds values in [{lo}, {hi}]; {fix}")
+        self.scale = 255 if hi <= 1 else 1  # 0/1 files: 1 is full foreground
+
+    def _range(self) -> tuple[int, int]:
+        lo, hi = 0, 0
+        for start in range(0, self.count, NPY_CHUNK):
+            part = self.array[start : start + NPY_CHUNK]
+            lo, hi = min(lo, int(part.min())), max(hi, int(part.max()))
+        return lo, hi
+
+    def gray_chunks(self, chunk: int = NPY_CHUNK):
+        """The taken images in order, as uint8 (k, H, W) gray levels 0..255, `chunk` at a time."""
+        import numpy as np
+
+        for start in range(0, self.count, chunk):
+            part = np.array(self.array[start : min(start + chunk, self.count)])  # read: a copy
+            if self.scale != 1 or part.dtype != np.uint8:
+                part = (part.astype(np.uint16) * self.scale).astype(np.uint8)
+            yield torch.from_numpy(np.ascontiguousarray(part))
+
+
+def npy_files(cfg: DataConfig) -> list[NpyFile]:
+    """The `*.npy` files of the folder data.path, sorted by name (a file's place is its label)."""
+    root = _existing(cfg.path, "a folder of <category>.npy files, as Quick, Draw!'s numpy_bitmap")
+    if not root.is_dir():
+        raise UserError(f"data.path {root} is not a folder; point data.path at a folder of <category>.npy files")
+    paths = sorted(p for p in root.iterdir() if p.suffix == ".npy" and p.is_file())
+    if not paths:
+        raise UserError(f"no .npy files in {root}; put one <category>.npy per class there (Quick, Draw! layout)")
+    return [NpyFile(p, cfg.max_per_class) for p in paths]
+
+
+def read_npy(cfg: DataConfig) -> tuple[dict[str, Raw], Labels]:
+    """Every `<name>.npy` of the folder data.path (the first data.max_per_class of each), in sorted
+    file order, as one part split by fractions; an image's label is its file's place in that order."""
+    files = npy_files(cfg)
+    check_images_fit(sum(f.count for f in files), max(max(f.array.shape[1:]) for f in files))
+    images, labels = [], []
+    for i, f in enumerate(files):
+        images += list(f.gray_chunks())
+        labels.append(torch.full((f.count,), i, dtype=torch.long))
+    if len({tuple(x.shape[1:]) for x in images}) > 1:
+        flat = [img for chunk in images for img in chunk]  # mixed sizes: one image at a time, fitted later
+        return {"all": flat}, {"all": torch.cat(labels)}
+    return {"all": torch.cat(images)}, {"all": torch.cat(labels)}

@@ -27,7 +27,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from vitmask.config import Config, TrainConfig
-from vitmask.data.batches import LabelledSplits
+from vitmask.data.batches import EpochOrder, LabelledSplits
+from vitmask.data.packed import PackedImages
 from vitmask.data.patches import patchify
 from vitmask.errors import UserError
 from vitmask.evaluate.probe import FEATURE_BATCH, check_classes, class_indices, pool_tokens, require_labels
@@ -93,26 +94,35 @@ class LabelledBatch:
 
 
 class LabelledBatchSampler:
-    """Random batches (with replacement) of a split's images and labels, from a generator of its own;
-    every rank draws the same global batch and keeps its shard (as BatchSampler)."""
+    """Batches of a split's images and labels in the order of `EpochOrder` (as BatchSampler: batch s
+    is the stream positions s * B .. s * B + B - 1, seeded by seed + 1); its state is the step, so a
+    resumed run sees the same batches. Every rank computes the same global batch and keeps its shard."""
 
     def __init__(self, images: torch.Tensor, labels: torch.Tensor, cfg: Config, rank: int = 0, world: int = 1):
         self.images, self.labels = images, labels.to(images.device)
         self.patch_size, self.global_batch = cfg.data.patch_size, cfg.data.batch_size
         per_rank = self.global_batch // world
         self.shard = slice(rank * per_rank, (rank + 1) * per_rank)
-        self.generator = torch.Generator(device=images.device).manual_seed(cfg.seed + 1)
+        self.seed = cfg.seed + 1
+        self.order = EpochOrder(len(images), self.seed)
+        self.step = 0  # batches drawn: the next batch is batch `step`
+
+    def seek(self, step: int) -> None:
+        self.step = int(step)
 
     def sample(self) -> LabelledBatch:
-        idx = torch.randint(len(self.images), (self.global_batch,), generator=self.generator, device=self.images.device)
-        idx = idx[self.shard]  # (b,)
-        return LabelledBatch(patchify(self.images[idx], self.patch_size).float(), self.labels[idx])
+        idx = self.order.indices(self.step * self.global_batch, self.global_batch)[self.shard]  # (b,) CPU int64
+        self.step += 1
+        images = self.images[idx if isinstance(self.images, PackedImages) else idx.to(self.images.device)]  # (b, H, W)
+        return LabelledBatch(patchify(images, self.patch_size).float(), self.labels[idx.to(self.labels.device)])
 
     def state_dict(self) -> dict:
-        return {"generator": self.generator.get_state()}
+        return {"seed": self.seed, "step": self.step}
 
     def load_state_dict(self, state: dict) -> None:
-        self.generator.set_state(state["generator"])
+        self.seed = int(state["seed"])
+        self.order = EpochOrder(len(self.images), self.seed)
+        self.seek(state["step"])
 
 
 class ClassifierMetrics:

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from vitmask.config import Config
-from vitmask.data.batches import Batch, BatchSampler
+from vitmask.data.batches import Batch, BatchSampler, training_images
 from vitmask.errors import UserError
 from vitmask.evaluate.metrics import MaskedPatchMetrics
 from vitmask.model.vit import build_model
@@ -72,7 +72,7 @@ class Trainer:
         # under a ratio schedule M changes from batch to batch: compile the step for any M at once,
         # not first for the M of batch 1 and again when the second differs (28 s of a cold start)
         self.any_masked_count = train.compile and cfg.mask.ratio_schedule != "fixed"
-        self.sampler = self.build_sampler(splits["train"].to(device))
+        self.sampler = self.build_sampler(training_images(splits["train"], cfg, device))
         self.validator = self.build_validator(splits)
         self.reporter = Reporter(cfg, logger, device, main=self.world.main)
         self.divergence = DivergenceWatch(device)
@@ -176,6 +176,7 @@ class Trainer:
         self.sampler.load_state_dict(state["sampler"])
         process.set_rng_state(state["rng"])
         self.step = int(state["step"])
+        self.sampler.seek(self.step)  # the data order is a function of the step
         self.validator.best_loss = float(state["best_val_loss"])
         if self.ema is not None:
             if not isinstance(state.get("ema"), dict):

@@ -16,11 +16,13 @@ import torch
 from vitmask.config import Config
 from vitmask.data.batches import Batch, make_batch
 from vitmask.data.masking import num_masked, random_mask
+from vitmask.data.packed import PackedImages, spread
 from vitmask.data.patches import class_counts
 from vitmask.evaluate.scores import evaluate
 from vitmask.runtime.process import autocast
 
 GRID_IMAGES = 8  # val images in the TensorBoard reconstruction grid
+COUNTED_IMAGES = 1 << 20  # packed train splits: images the majority class is counted over
 
 
 class Validator:
@@ -28,7 +30,10 @@ class Validator:
         self.cfg = cfg
         self.device = device
         self.images = splits["val"].to(device)
-        counts = class_counts(splits["train"], cfg.data.patch_size, cfg.data.num_classes)
+        train = splits["train"]
+        if isinstance(train, PackedImages):  # a corpus of any size: the majority class of 2^20 images spread over it
+            train = spread(train, COUNTED_IMAGES)
+        counts = class_counts(train, cfg.data.patch_size, cfg.data.num_classes)
         self.majority_class = int(counts.argmax())  # of the train split, for majority_acc
         self.grid_batch = self._grid_batch()
         self.best_loss = math.inf  # the lowest validation loss so far (saved with the run)

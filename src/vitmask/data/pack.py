@@ -1,0 +1,236 @@
+"""`vitmask pack`: any configured source -> a packed dataset directory (packed.py), streamed.
+
+The images pass through the training preprocessing (`preprocess.binarize_images`: fit, threshold,
+invert) in chunks and are written as packed rows in the source's own order: the npy source is read
+chunk by chunk from its memory maps, so a pack of any size holds a few chunks, the split's row
+numbers (int32: 4 bytes an image) and the labels; the other sources are read as they are for
+training, then packed chunk by chunk. The train/val/test split is the one training on the source
+would make (`sources.split_plan`, the config's split seed and fractions), stored as row numbers, so
+a packed dataset trains on the same images in the same order as its source.
+
+Everything is written into a hidden temporary directory beside `--out` and renamed onto it only
+when complete: an interrupted pack (a signal, a kill, a full disk) never leaves a directory that
+looks whole. The same inputs and config give the same bytes (no times, sorted JSON keys).
+"""
+
+import contextlib
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from vitmask.config import Config
+from vitmask.data import shapes, sources
+from vitmask.data.packed import FORMAT, HEADER, LABELS, ROWS, is_packed_dir, pack_rows, row_bytes
+from vitmask.data.preprocess import binarize_images, binarize_list
+from vitmask.errors import UserError
+from vitmask.outputs import reason
+
+CHUNK = 1 << 16  # images binarized and packed at a time
+TEMP_MARK = ".packing-"  # a temporary pack directory: .<out name>.packing-<pid>
+
+
+class PackPlan:
+    """What a pack writes: the source's parts (name -> image count, in row order), a generator of
+    binary image chunks in that order, the labels (int32 per row) or None, the class names."""
+
+    def __init__(self, sizes: dict[str, int], chunks: Iterator[torch.Tensor], labels, classes, description: str):
+        self.sizes, self.chunks, self.labels, self.classes, self.description = (
+            sizes,
+            chunks,
+            labels,
+            classes,
+            description,
+        )
+
+
+def _binary_chunks(raw: dict, cfg) -> Iterator[torch.Tensor]:
+    """Raw parts of a source (tensors or lists of mixed-size images) -> (k, S, S) 0/1 chunks, in order."""
+    for part in raw.values():
+        for start in range(0, len(part), CHUNK):
+            chunk = part[start : start + CHUNK]
+            yield binarize_list(chunk, cfg) if isinstance(chunk, list) else binarize_images(chunk, cfg)
+
+
+def plan_npy(cfg: Config) -> PackPlan:
+    d = cfg.data
+    files = sources.npy_files(d)
+
+    def chunks():
+        for f in files:
+            for gray in f.gray_chunks(CHUNK):
+                yield binarize_images(gray, d)
+
+    labels = np.concatenate([np.full(f.count, i, dtype=np.int32) for i, f in enumerate(files)])
+    return PackPlan({"all": sum(f.count for f in files)}, chunks(), labels, [f.name for f in files], f"npy {d.path}")
+
+
+def plan_in_memory(cfg: Config, seed: int) -> PackPlan:
+    """The other sources, read whole as training reads them (shapes: its own three splits)."""
+    d = cfg.data
+    if d.source == "shapes":
+        images, labels = shapes.make_labelled_splits(d.num_train, d.num_val, d.num_test, d.image_size, seed)
+        classes = [str(i) for i in range(int(max(int(v.max()) for v in labels.values())) + 1)]
+        flat = np.concatenate([labels[k].numpy() for k in images]).astype(np.int32)
+        return PackPlan({k: len(v) for k, v in images.items()}, iter(images.values()), flat, classes, "shapes")
+    readers = {"torchvision": sources.read_torchvision, "idx": sources.read_idx, "folder": sources.read_folder}
+    raw, labels = {**readers, "npz": sources.read_npz}[d.source](d)
+    flat, classes = None, None
+    if not isinstance(labels, str):
+        flat = np.concatenate([labels[k].numpy() for k in raw]).astype(np.int32)
+        classes = [str(i) for i in range(int(flat.max()) + 1)] if len(flat) else []
+    what = f"{d.source} {d.name}" if d.source == "torchvision" else f"{d.source} {d.path}"
+    return PackPlan({k: len(v) for k, v in raw.items()}, _binary_chunks(raw, d), flat, classes, what)
+
+
+def check_out(out: Path) -> None:
+    """`--out` may be new, an empty folder, or a packed dataset (replaced); anything else is refused."""
+    if not out.exists() and not out.is_symlink():
+        if not out.parent.is_dir():
+            raise UserError(f"--out {out}: the folder {out.parent} does not exist; create it first")
+        return
+    if out.is_dir() and (is_packed_dir(out) or not any(out.iterdir())):
+        return
+    raise UserError(
+        f"--out {out} exists and is not a vitmask packed dataset, so it is left alone; pass a new path, "
+        "or remove it first"
+    )
+
+
+def remove_stale_temps(out: Path) -> None:
+    """Delete the temporary directories of packs to `out` whose process is gone (killed mid-pack)."""
+    for d in out.parent.glob(f".{out.name}{TEMP_MARK}*"):
+        pid = d.name.rsplit("-", 1)[-1]
+        alive = pid.isdigit() and _alive(int(pid))
+        if d.is_dir() and not alive:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def write_rows(path: Path, chunks: Iterator[torch.Tensor], count: int, side: int, bar) -> tuple[str, int]:
+    """Stream packed rows to a .npy file (header, then the rows in order) with plain writes, so a full
+    disk is an OSError (a memory map would die of SIGBUS); return their SHA-256 and the count."""
+    import hashlib
+
+    r = row_bytes(side, side)
+    h, written = hashlib.sha256(), 0
+    with open(path, "wb") as f:
+        np.lib.format.write_array_header_1_0(f, {"descr": "|u1", "fortran_order": False, "shape": (count, r)})
+        for images in chunks:
+            rows = pack_rows(images)  # (k, R)
+            data = rows.tobytes()
+            h.update(data)
+            f.write(data)
+            written += len(rows)
+            bar.update(len(rows))
+        f.flush()
+        os.fsync(f.fileno())
+    return f"sha256:{h.hexdigest()}", written
+
+
+def _save(path: Path, array: np.ndarray) -> None:
+    with open(path, "wb") as f:
+        np.save(f, array, allow_pickle=False)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def split_entries(plan, sizes: dict[str, int], tmp: Path) -> dict[str, dict]:
+    """A `split_plan` over parts laid out in order -> the header's splits, writing index files."""
+    offsets, at = {}, 0
+    for k, n in sizes.items():
+        offsets[k] = at
+        at += n
+    entries = {}
+    for name, (part, idx) in plan.items():
+        if idx is None:
+            entries[name] = {"count": sizes[part], "start": offsets[part]}
+            continue
+        dtype = np.int32 if at < 2**31 else np.int64
+        _save(tmp / f"{name}.npy", idx.numpy().astype(dtype) + dtype(offsets[part]))
+        entries[name] = {"count": len(idx), "index": f"{name}.npy"}
+    return entries
+
+
+def pack(cfg: Config, out: str | Path, progress: bool = True) -> dict:
+    """Pack the configured source into the directory `out`; return its header."""
+    out = Path(out)
+    d = cfg.data
+    if d.source == "packed":
+        raise UserError("data.source is already packed; pack the source the dataset was made from")
+    check_out(out)
+    seed = cfg.seed if d.split_seed is None else d.split_seed
+    remove_stale_temps(out)
+    tmp = out.parent / f".{out.name}{TEMP_MARK}{os.getpid()}"
+    try:
+        source = plan_npy(cfg) if d.source == "npy" else plan_in_memory(cfg, seed)
+        count = sum(source.sizes.values())
+        if d.source == "shapes":
+            plan = {k: (k, None) for k in ("train", "val", "test")}
+        else:
+            plan = sources.split_plan(source.sizes, d, seed, torch.int32 if count < 2**31 else torch.int64)
+        tmp.mkdir()
+        with tqdm(total=count, desc="pack", unit="img", unit_scale=True, disable=None if progress else True) as bar:
+            checksum, written = write_rows(tmp / ROWS, source.chunks, count, d.image_size, bar)
+        if written != count:
+            raise UserError(f"the source gave {written} images where it announced {count}; check data.path")
+        if source.labels is not None:
+            _save(tmp / LABELS, source.labels)
+        header = {
+            "format": FORMAT,
+            "count": count,
+            "height": d.image_size,
+            "width": d.image_size,
+            "row_bytes": row_bytes(d.image_size, d.image_size),
+            "bit_order": "row-major, first pixel in the most significant bit (np.packbits)",
+            "threshold": d.threshold,
+            "invert": d.invert,
+            "fit": d.fit,
+            "classes": source.classes,
+            "splits": split_entries(plan, source.sizes, tmp),
+            "split_seed": seed,
+            "val_fraction": d.val_fraction,
+            "test_fraction": d.test_fraction,
+            "max_per_class": d.max_per_class,
+            "source": source.description,
+            "checksum": checksum,
+        }
+        (tmp / HEADER).write_text(json.dumps(header, indent=1, sort_keys=True) + "\n")
+        _replace(tmp, out)
+        return header
+    except OSError as e:
+        raise UserError(f"could not write the packed dataset {out} ({reason(e)}); nothing was written there") from None
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _replace(tmp: Path, out: Path) -> None:
+    """Move the finished `tmp` onto `out`; an old pack (or empty folder) there is moved aside first."""
+    old = None
+    if out.exists():
+        old = out.parent / f".{out.name}.replaced-{os.getpid()}"
+        os.rename(out, old)
+    try:
+        os.rename(tmp, out)
+    except OSError:
+        if old is not None:
+            os.rename(old, out)
+        raise
+    if old is not None:
+        with contextlib.suppress(OSError):
+            shutil.rmtree(old)

@@ -1,0 +1,148 @@
+"""The training order: every epoch a seeded permutation of the train split (no index of its size),
+the sampler's state the step, exact resume across epoch boundaries, and the same global batches on
+any number of processes (2 gloo processes killed, resumed as 1, against an unbroken run)."""
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import ROOT, TINY, run_cli, write_config
+from tests.test_distributed import losses
+from vitmask.config import config_from_dict
+from vitmask.data.batches import BatchSampler, EpochOrder
+from vitmask.data.pack import pack
+from vitmask.data.patches import unpatchify
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+BITS = 12  # images carry their own index in their first 12 pixels
+
+
+def numbered_images(n: int) -> torch.Tensor:
+    """(n, 16, 16) uint8: image i holds i in binary in its first BITS pixels (most significant first)."""
+    images = torch.zeros(n, 16, 16, dtype=torch.uint8)
+    bits = (torch.arange(n).unsqueeze(1) >> torch.arange(BITS - 1, -1, -1)) & 1  # (n, BITS)
+    images[:, 0, :BITS] = bits.to(torch.uint8)
+    return images
+
+
+def batch_indices(batch) -> list[int]:
+    """The indices of a batch's images, read back from their pixels."""
+    images = unpatchify(batch.patches, 2)  # (B, 16, 16)
+    weights = 2 ** torch.arange(BITS - 1, -1, -1)
+    return (images[:, 0, :BITS].long() * weights).sum(1).tolist()
+
+
+def cfg(seed=0, batch=32):
+    return config_from_dict({**TINY, "seed": seed, "data": {**TINY["data"], "batch_size": batch}})
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 64, 1000, 4099])
+def test_every_epoch_is_a_permutation_of_the_split(n):
+    order = EpochOrder(n, seed=7)
+    for epoch in range(3):
+        assert sorted(order(epoch, torch.arange(n)).tolist()) == list(range(n))
+    if n >= 64:
+        a, b = order(0, torch.arange(n)), order(1, torch.arange(n))
+        assert not torch.equal(a, b)  # each epoch its own order
+        assert not torch.equal(a, EpochOrder(n, seed=8)(0, torch.arange(n)))  # each seed its own
+        assert not torch.equal(a, torch.arange(n))  # shuffled
+
+
+def test_the_stream_runs_on_from_one_epoch_into_the_next():
+    n = 100
+    order = EpochOrder(n, seed=3)
+    first, second = order(0, torch.arange(n)), order(1, torch.arange(n))
+    assert order.indices(n - 3, 6).tolist() == first[-3:].tolist() + second[:3].tolist()
+    assert order.indices(5 * n + 7, 2).tolist() == order(5, torch.tensor([7, 8])).tolist()
+
+
+def test_batches_cover_each_image_once_per_epoch():
+    sampler = BatchSampler(numbered_images(96), cfg())  # 3 batches an epoch
+    epochs = [sum((batch_indices(sampler.sample()) for _ in range(3)), []) for _ in range(2)]
+    assert sorted(epochs[0]) == sorted(epochs[1]) == list(range(96))
+    assert epochs[0] != epochs[1]
+    assert sampler.state_dict() == {"seed": 1, "epoch": 2, "position": 0, "step": 6}
+
+
+def test_a_sampler_resumed_from_its_state_draws_the_same_batches_across_an_epoch_boundary():
+    images = numbered_images(80)  # 2.5 batches an epoch: batch 2 spans epochs 0 and 1
+    unbroken = BatchSampler(images, cfg())
+    want = [unbroken.sample() for _ in range(6)]
+    first = BatchSampler(images, cfg())
+    first.sample()
+    state = first.state_dict()
+    assert state == {"seed": 1, "epoch": 0, "position": 32, "step": 1}
+    resumed = BatchSampler(images, cfg(seed=5))  # another run's seed: the state brings its own
+    resumed.load_state_dict(state)
+    for w in want[1:]:
+        b = resumed.sample()
+        assert torch.equal(b.patches, w.patches) and torch.equal(b.mask, w.mask) and torch.equal(b.ids, w.ids)
+    epoch0 = batch_indices(want[0]) + batch_indices(want[1]) + batch_indices(want[2])[:16]
+    epoch1 = batch_indices(want[2])[16:] + batch_indices(want[3]) + batch_indices(want[4])
+    assert sorted(epoch0) == sorted(epoch1) == list(range(80))  # the boundary batch ends one, starts the next
+
+
+def test_ranks_take_their_slices_of_the_same_global_batch():
+    images = numbered_images(96)
+    whole = BatchSampler(images, cfg())
+    ranks = [BatchSampler(images, cfg(), rank=r, world=2) for r in range(2)]
+    for _ in range(4):
+        w = whole.sample()
+        parts = [r.sample() for r in ranks]
+        assert batch_indices(w) == batch_indices(parts[0]) + batch_indices(parts[1])
+        assert torch.equal(w.mask, torch.cat([p.mask for p in parts]))
+
+
+def children(pid: int) -> list[int]:
+    """The child processes of `pid` (Linux /proc)."""
+    found = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with contextlib.suppress(OSError):
+            found += [int(c) for c in (task / "children").read_text().split()]
+    return found
+
+
+def test_a_two_process_run_killed_and_resumed_as_one_process_sees_the_same_batches(tmp_path):
+    pack(config_from_dict({**TINY, "data": {**TINY["data"], "num_train": 80}}), tmp_path / "p", progress=False)
+    c = write_config(
+        tmp_path / "c.yaml",
+        {
+            "data": {"source": "packed", "path": str(tmp_path / "p")},  # 2.5 batches an epoch
+            "train": {"max_steps": 8, "log_every": 1, "eval_every": 100, "checkpoint_every": 2, "keep_last": 1000},
+        },
+    )
+    one, two = tmp_path / "one", tmp_path / "two"
+    res = run_cli("train", "--config", c, "--run-dir", one, "--device", "cpu")
+    assert res.returncode == 0, res.stderr
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "vitmask"]
+    args = ["train", "--config", c, "--run-dir", two, "--device", "cpu", "--set", "train.max_steps=10000"]
+    proc = subprocess.Popen([*cmd, *args], cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 300
+        while not (two / "step_0000004.pt").exists() and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.05)
+    finally:  # torchrun starts each worker in a session of its own: kill the workers, then torchrun
+        for pid in [*children(proc.pid), proc.pid]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        proc.wait()
+    assert (two / "step_0000004.pt").exists()
+    for later in [*two.glob("events.out.tfevents.*"), two / "last.pt", *two.glob("step_*.pt")]:
+        if later.name != "step_0000004.pt":  # as if killed right after step 4; the resumed run's losses only
+            later.unlink()
+    res = run_cli("train", "--run-dir", two, "--resume", "auto", "--device", "cpu", "--set", "train.max_steps=8")
+    assert res.returncode == 0, res.stderr
+    resumed = losses(two)
+    assert [s for s, _ in resumed] == list(range(5, 9))
+    want = dict(losses(one))
+    for step, loss in resumed:  # DDP sums the halves in another order: equal up to float rounding
+        assert abs(loss - want[step]) <= 1e-4, (step, loss, want[step])
