@@ -329,6 +329,13 @@ class ModelConfig:
         )
 
 
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")  # torch.compile(mode=...)
+# the training step's shapes under train.compile (vitmask.train.trainer.static_step): static = one graph
+# for every masked count, masked = the last block computes only the M masked tokens, auto = static on
+# CUDA under a ratio schedule without a decoder, masked elsewhere
+STEP_SHAPES = ("auto", "static", "masked")
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     lr: float = 1e-3  # peak learning rate, reached at the end of warmup; in (0, 1]
@@ -349,6 +356,8 @@ class TrainConfig:
     accum_steps: int = 1  # micro-batches per step; data.batch_size must be divisible by it
     precision: str = "fp32"  # fp32 | bf16 (autocast) | fp16 (+ GradScaler, CUDA only) | auto (bf16 where native)
     compile: bool = False  # wrap the model in torch.compile
+    compile_mode: str = "default"  # torch.compile mode: default | reduce-overhead (CUDA graphs) | max-autotune
+    step_shapes: str = "auto"  # static (every token to the head, loss weighted by the mask) | masked | auto
     deterministic: bool = False  # ask torch for deterministic algorithms (slower; exact resume on CPU)
     keep_last: int = 3  # step_*.pt checkpoints kept in the run dir (last.pt and best.pt always kept)
     probe_every: int = 0  # steps between online probes (k-NN and linear accuracy on val, from labels); 0 = off
@@ -376,6 +385,8 @@ class TrainConfig:
         _check(0 <= self.min_lr <= self.lr, "train.min_lr", f"must be in [0, train.lr ({self.lr})], got {self.min_lr}")
         _check(self.grad_clip >= 0, "train.grad_clip", f"must be >= 0 (0 = off), got {self.grad_clip}")
         _choice(self.precision, "train.precision", ("fp32", "bf16", "fp16", "auto"))
+        _choice(self.compile_mode, "train.compile_mode", COMPILE_MODES)
+        _choice(self.step_shapes, "train.step_shapes", STEP_SHAPES)
 
 
 @dataclass(frozen=True)
@@ -406,6 +417,12 @@ class Config:
             "train.accum_steps",
             f"({self.train.accum_steps}) must divide data.batch_size ({self.data.batch_size}); "
             "pick a divisor or change the batch size",
+        )
+        _check(
+            self.train.step_shapes != "static" or self.model.decoder == "none",
+            "train.step_shapes",
+            f"static needs model.decoder=none (the encoder of model.decoder={self.model.decoder} sees the "
+            "N - M visible patches, a count that changes with M); use train.step_shapes=auto or masked",
         )
         if self.model.decoder != "none":
             _check(
