@@ -12,8 +12,8 @@ batch (`masking.draw_num_masked`), and every image of the batch hides that many 
 hands it to `__getitem__` with the index); block and mixed masks become random ones of the same
 count; a decoder, rotary or sin-cos positions and a token convolution become the plain stack of
 the encoder's size with learned positions (`reference_flops` counts what it computes). Other norms,
-norm positions and activations than the above are refused in one line (the benchmark's
---no-reference times vitmask alone).
+norm positions, activations, or no QKV bias or output projection, are what `unsupported` names:
+`ReferenceViT` refuses them in one line, and the benchmark then times vitmask alone.
 It lives beside `benchmark.py`, its only user, and imports vitmask from `src/` (the caller puts it
 on the path).
 
@@ -46,6 +46,17 @@ def reference_flops(cfg: Config) -> int:
     decoder, no token convolution), at the config's masked count."""
     plain = dataclasses.replace(cfg.model, decoder="none", token_conv=0)
     return train_flops_per_image(dataclasses.replace(cfg, model=plain), masked_last_block=False)
+
+
+def unsupported(cfg: Config) -> str:
+    """Why the common-way reference cannot build `cfg`'s model ('' when it can): nn.TransformerEncoderLayer
+    has LayerNorm, a QKV bias and an output projection, and a relu or gelu FFN."""
+    m = cfg.model
+    if m.norm != "layernorm" or m.norm_position != "pre" or not m.qkv_bias or not m.out_proj:
+        return "the reference model needs model.norm=layernorm, norm_position=pre, qkv_bias and out_proj"
+    if m.activation not in ("relu", "gelu"):
+        return f"the reference model supports model.activation relu or gelu, not {m.activation}"
+    return ""
 
 
 class MaskedCountBatches(Sampler):
@@ -100,16 +111,8 @@ class ReferenceViT(nn.Module):
     def __init__(self, cfg: Config):
         super().__init__()
         m, d = cfg.model, cfg.data
-        if m.norm != "layernorm" or m.norm_position != "pre" or not m.qkv_bias or not m.out_proj:
-            raise UserError(
-                "the reference model needs model.norm=layernorm, norm_position=pre, qkv_bias and out_proj; "
-                "change them or pass --no-reference"
-            )
-        if m.activation not in ("relu", "gelu"):
-            raise UserError(
-                f"the reference model supports model.activation relu or gelu, not {m.activation}; "
-                "change it or pass --no-reference"
-            )
+        if unsupported(cfg):
+            raise UserError(f"{unsupported(cfg)}; change the config or time vitmask alone (--no-reference)")
         self.embed = nn.Linear(d.patch_dim, m.hidden_dim)
         self.pos = nn.Parameter(torch.randn(d.num_patches, m.hidden_dim) * 0.02)
         layer = nn.TransformerEncoderLayer(

@@ -58,7 +58,7 @@ from vitmask.runtime.process import precision_on, resolve_device  # noqa: E402
 from vitmask.train.trainer import Trainer, static_step  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "scripts"))
-from bench_reference import ReferenceRun, reference_flops  # noqa: E402
+from bench_reference import ReferenceRun, reference_flops, unsupported  # noqa: E402
 
 # the benchmark needs a few thousand images, not the full split: step speed does not depend on it
 DATA_OVERRIDES = ["data.num_train=4096", "data.num_val=1024", "data.num_test=16"]
@@ -332,6 +332,9 @@ def main(argv=None) -> dict:
     base = [*DATA_OVERRIDES, f"data.batch_size={args.batch}", *args.set]
     cfg = load_config(args.config, [*base, *ours_sets])
     fused = args.fused_adam == "on" or (args.fused_adam == "auto" and device.type == "cuda")
+    if not args.no_reference and unsupported(cfg):
+        print(f"reference skipped: {unsupported(cfg)}; timing vitmask alone")
+        args.no_reference = True
     m = cfg.model
     print(
         f"{datetime.datetime.now():%Y-%m-%d %H:%M}  {platform.node()}  torch {torch.__version__}  "

@@ -3,10 +3,12 @@ model, and its per-sample Dataset builds the same kind of batch as vitmask's sam
 
 import sys
 
+import pytest
 import torch
 
 from tests.conftest import ROOT
 from vitmask.config import Config, DataConfig, MaskConfig, ModelConfig
+from vitmask.errors import UserError
 from vitmask.model.vit import build_model
 
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -116,3 +118,23 @@ def test_the_reference_counts_the_plain_stack_for_a_decoder_config():
     )
     assert reference_flops(cross) == reference_flops(plain) == train_flops_per_image(plain, masked_last_block=False)
     assert ReferenceViT(cross)(torch.zeros(2, 16, 4), torch.zeros(2, 3, dtype=torch.long)).shape == (2, 3, 16)
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "configs").glob("*.yaml")))
+def test_the_reference_builds_or_names_why_not_for_every_shipped_config(name, one_thread):
+    from vitmask.config import load_config
+    from vitmask.data.batches import load_splits
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from bench_reference import unsupported
+
+    small = ["data.source=shapes", "data.num_train=16", "data.num_val=8", "data.num_test=8", "data.batch_size=4"]
+    cfg = load_config(ROOT / "configs" / name, small)
+    if unsupported(cfg):  # the benchmark then times vitmask alone; the reference itself says why in one line
+        with pytest.raises(UserError, match="--no-reference"):
+            ReferenceViT(cfg)
+        return
+    run = ReferenceRun(cfg, load_splits(cfg)["train"], torch.device("cpu"))
+    batch = run.sample()
+    assert batch["inputs"].shape == (4, cfg.data.num_patches, cfg.data.patch_dim)
+    assert torch.isfinite(run.train_step(batch))

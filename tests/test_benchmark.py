@@ -71,3 +71,12 @@ def test_benchmark_runs_the_shipped_recipe_against_its_reference(tmp_path):
 def test_benchmark_bad_mask_timing_is_a_user_error(tiny_config):
     res = run_bench("--config", tiny_config, "--mask-timing", "16,lots", "--no-reference")
     assert_user_error(res, "--mask-timing", "16,1024")
+
+
+def test_benchmark_times_vitmask_alone_where_the_reference_cannot_build_the_model(tiny_config, tmp_path):
+    out = tmp_path / "bench.json"
+    res = run_bench("--config", tiny_config, "--set", "model.norm=none", "--eval-batches", "1", "--json", out)
+    assert res.returncode == 0, res.stderr
+    assert "reference skipped: the reference model needs model.norm=layernorm" in res.stdout
+    r = json.loads(out.read_text())
+    assert r["vitmask"]["images_per_s"] > 0 and "reference" not in r
