@@ -137,28 +137,29 @@ def block_mask(
     """
     n = grid * grid
     rand = lambda *shape: torch.rand(*shape, generator=generator, device=device)  # noqa: E731
-    coord = torch.arange(grid, device=device, dtype=torch.float32)
+    coord = 2 * torch.arange(grid, device=device, dtype=torch.float32)  # (g,) 2 x, in half patches
     log_lo, log_hi = math.log(aspect[0]), math.log(aspect[1])
     # a rank is an integer, exact in float32: (pass * (R + 1) + round) * span + the squared distance
     # from the rectangle's centre in half patches (below span); `outside` or more where none covers
     span = 2 * (2 * grid) ** 2
     outside = 2.0 ** (span * passes * (rounds + 1)).bit_length()
+    order = span * torch.arange(rounds, device=device, dtype=torch.float32)  # (R,) the rounds of a pass
+    later = torch.ones(rounds, rounds, dtype=torch.bool, device=device).triu()  # (R, R) for `block_areas`
+    draws = rand(passes, batch, rounds, 4)  # (passes, B, R, 4): area, aspect, row and column of each rectangle
     key = torch.full((batch, grid, grid), outside, device=device)  # (B, g, g) rank: pass, round, distance
-    for step in range(passes):
+    for step, u in enumerate(draws):  # u (B, R, 4)
         missing = (num_mask - (key < outside).sum((1, 2))).clamp_min(0).float()  # (B,)
-        area, active = block_areas(missing, min_patches, rand(batch, rounds))  # 2 x (B, R)
-        ratio = torch.exp(log_lo + rand(batch, rounds) * (log_hi - log_lo))  # (B, R) height / width
-        h = (area * ratio).sqrt().round().clamp(1, grid)  # (B, R)
-        w = (area / ratio).sqrt().round().clamp(1, grid)  # (B, R)
-        top = (rand(batch, rounds) * (grid - h + 1)).floor()  # (B, R)
-        left = (rand(batch, rounds) * (grid - w + 1)).floor()  # (B, R)
-        # the rank split into a row and a column term, each + `outside` where its coordinate falls outside
-        order = step * (rounds + 1) + torch.arange(rounds, device=device)  # (R,)
-        first = order * span + outside * ~active  # (B, R)
-        row_key = axis_key(coord, top, h, outside) + first.unsqueeze(-1)  # (B, R, g)
-        col_key = axis_key(coord, left, w, outside)  # (B, R, g)
-        rect_key = (row_key.unsqueeze(-1) + col_key.unsqueeze(-2)).amin(1)  # (B, g, g) first rectangle over a patch
-        key = torch.minimum(key, rect_key)  # a patch keeps the rank of the first pass that covered it
+        area, active = block_areas(missing, min_patches, u[..., 0], later)  # 2 x (B, R)
+        root = torch.exp((log_lo + u[..., 1] * (log_hi - log_lo)) / 2)  # (B, R) sqrt(height / width)
+        sides = (area.sqrt().unsqueeze(-1) * torch.stack([root, 1 / root], -1)).round().clamp(1, grid)  # (B, R, 2) h, w
+        start = (u[..., 2:] * (grid - sides + 1)).floor()  # (B, R, 2) top, left
+        # per axis, (2 x - (2 start + side - 1))^2 plus `outside` where x is not in the rectangle
+        lo, side = 2 * start.unsqueeze(-1), 2 * sides.unsqueeze(-1)  # (B, R, 2, 1) in half patches
+        off = (coord < lo) | (coord >= lo + side)  # (B, R, 2, g)
+        axis = (coord - (lo + side / 2 - 1)) ** 2 + outside * off  # (B, R, 2, g)
+        first = (order + step * (rounds + 1) * span + outside * ~active).unsqueeze(-1)  # (B, R, 1)
+        rect_key = ((axis[:, :, 0] + first).unsqueeze(-1) + axis[:, :, 1].unsqueeze(-2)).amin(1)  # (B, g, g)
+        key = torch.minimum(key, rect_key)  # a patch keeps the rank of the first rectangle that covered it
     covered = key < outside  # (B, g, g)
     # patches no rectangle covered rank last, those with more covered 4-neighbours first, so a
     # shortfall grows the rectangles' edges instead of scattering single patches
@@ -171,38 +172,26 @@ def block_mask(
     return ids, mask
 
 
-def block_areas(missing: torch.Tensor, min_patches: int, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def block_areas(
+    missing: torch.Tensor, min_patches: int, u: torch.Tensor, later: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """BEiT's areas for R rectangles in a row, all at once: missing (B,) patches to cover, u (B, R)
-    uniform -> area (B, R) and active (B, R) bool (a rectangle is drawn).
+    uniform, later (R, R) bool, True where s >= r -> area (B, R) and active (B, R) bool (a rectangle
+    is drawn).
 
     Round r draws area_r = p + u_r (m_r - p) while m_r >= p (p = min_patches), then the rest,
     area = m_r, and nothing after, with m_0 = missing and m_{r+1} = m_r - area_r (overlaps not
     subtracted). While m_s >= p, m_{r+1} = (1 - u_r)(m_r - p), so with E_r = sum_{s<r} log(1 - u_s):
     m_r = exp(E_r) m_0 - p sum_{s<r} exp(E_r - E_s), a sum over a (R, R) triangle.
     """
-    r = u.shape[1]
     log_v = torch.log1p(-u)  # (B, R) log(1 - u_r); u < 1
     e = torch.cumsum(log_v, 1) - log_v  # (B, R) E_r, exclusive
-    lower = torch.ones(r, r, dtype=torch.bool, device=u.device).tril(-1)  # (R, R) s < r
-    decay = torch.where(lower, e.unsqueeze(2) - e.unsqueeze(1), -math.inf).exp()  # (B, R, R) exp(E_r - E_s)
+    decay = (e.unsqueeze(2) - e.unsqueeze(1)).masked_fill(later, -math.inf).exp()  # (B, R, R) exp(E_r - E_s)
     m = e.exp() * missing.unsqueeze(1) - min_patches * decay.sum(2)  # (B, R) m_r
-    full = m >= min_patches  # (B, R) rounds of the recurrence's first kind
-    before = full.int().cumprod(1)  # (B, R) every earlier round (and this one) was of the first kind
-    valid = torch.cat([torch.ones_like(before[:, :1]), before[:, :-1]], 1).bool()  # (B, R) m_r is exact
-    last = valid & ~full  # (B, R) the round that takes the rest
-    area = torch.where(full & valid, min_patches + u * (m - min_patches), m)  # (B, R)
-    active = valid & (full | (last & (m >= 0.5)))  # the rest: half a patch or more
-    return area.clamp_min(1), active
-
-
-def axis_key(coord: torch.Tensor, start: torch.Tensor, size: torch.Tensor, outside: float) -> torch.Tensor:
-    """One axis of a rectangle's rank: coord (g,), start, size (B, R) -> (B, R, g): (2 x - (2 start +
-    size - 1))^2, the squared distance from the rectangle's centre in half patches (an integer), plus
-    `outside` where x is not in the rectangle."""
-    x = coord.view(1, 1, -1)  # (1, 1, g)
-    lo, size = start.unsqueeze(-1), size.unsqueeze(-1)  # (B, R, 1)
-    dist2 = (2 * x - (2 * lo + size - 1)) ** 2  # (B, R, g)
-    return dist2 + outside * ((x < lo) | (x >= lo + size))
+    first_kind = (m >= min_patches).int().cumprod(1)  # (B, R) 1 while every round so far had m_s >= p
+    exact = torch.nn.functional.pad(first_kind[:, :-1], (1, 0), value=1).bool()  # (B, R) m_r follows the formula
+    area = torch.where(first_kind.bool(), min_patches + u * (m - min_patches), m)  # (B, R)
+    return area.clamp_min(1), exact & (m >= 0.5)  # a rectangle where half a patch or more is missing
 
 
 def mixed_mask(
