@@ -23,8 +23,10 @@ measured in this run (2048^2 fp32 and bf16 on CPU, 8192^3 bf16 on CUDA), and eva
 import argparse
 import atexit
 import contextlib
+import dataclasses
 import datetime
 import json
+import math
 import os
 import platform
 import resource
@@ -53,10 +55,10 @@ from vitmask.data.batches import load_splits  # noqa: E402
 from vitmask.errors import UserError  # noqa: E402
 from vitmask.model.flops import train_flops_per_image  # noqa: E402
 from vitmask.runtime.process import precision_on, resolve_device  # noqa: E402
-from vitmask.train.trainer import Trainer  # noqa: E402
+from vitmask.train.trainer import Trainer, static_step  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "scripts"))
-from bench_reference import ReferenceRun  # noqa: E402
+from bench_reference import ReferenceRun, reference_flops, unsupported  # noqa: E402
 
 # the benchmark needs a few thousand images, not the full split: step speed does not depend on it
 DATA_OVERRIDES = ["data.num_train=4096", "data.num_val=1024", "data.num_test=16"]
@@ -99,6 +101,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--eval-batches", type=int, default=4, help="eval batches (of 256 images) to time")
     p.add_argument("--profile", type=int, default=0, metavar="N", help="print a torch.profiler table of N steps")
     p.add_argument("--json", default="", help="also write every figure to this JSON file")
+    p.add_argument(
+        "--mask-timing",
+        default="",
+        metavar="B1,B2",
+        help="also time building random, block and mixed masks at these batch sizes, e.g. 16,1024",
+    )
     return p.parse_args(argv)
 
 
@@ -223,6 +231,61 @@ def parse_vs(spec: str) -> list[str]:
     return overrides
 
 
+def vitmask_flops(cfg, device: torch.device) -> int:
+    """vitmask's training FLOPs per image: the last block computes only the masked tokens, or every
+    token where the step keeps static shapes (train.step_shapes, trainer.static_step)."""
+    return train_flops_per_image(cfg, masked_last_block=not static_step(cfg, device))
+
+
+def mask_timing(cfg, device: torch.device, batches: list[int], reps: int = 7) -> dict:
+    """Milliseconds to build one batch of random, block and mixed masks at the config's grid and
+    masked count, for each batch size: the best of `reps` calls, the three interleaved."""
+    from vitmask.data.masking import block_mask, mixed_mask, num_masked, random_mask
+
+    m, grid, n = num_masked(cfg.data.num_patches, cfg.mask.ratio), cfg.data.grid, cfg.data.num_patches
+    mixed_cfg = dataclasses.replace(cfg.mask, strategy="mixed")
+    g = torch.Generator(device=device).manual_seed(0)
+    out = {}
+    for b in batches:
+        build = {
+            "random": lambda b=b: random_mask(b, n, m, g, device),
+            "block": lambda b=b: block_mask(b, grid, m, cfg.mask.block_min_patches, cfg.mask.block_aspect, g, device),
+            "mixed": lambda b=b: mixed_mask(mixed_cfg, b, grid, m, g, device),
+        }
+        best = dict.fromkeys(build, math.inf)
+        for _ in range(reps):
+            for name, f in build.items():
+                t = time.perf_counter()
+                f()
+                sync(device)
+                best[name] = min(best[name], time.perf_counter() - t)
+        out[b] = {name: 1000 * v for name, v in best.items()}
+    return out
+
+
+def print_mask_timing(timing: dict, cfg) -> None:
+    print(
+        f"\nmask building, ms per batch (grid {cfg.data.grid}, M at ratio {cfg.mask.ratio}, "
+        f"block share {cfg.mask.block_share} in mixed)"
+    )
+    for b, t in timing.items():
+        print(
+            f"  batch {b:>5}: random {t['random']:8.2f}  block {t['block']:8.2f}  mixed {t['mixed']:8.2f}  "
+            f"mixed/random {t['mixed'] / t['random']:.2f}x  mixed per image {1000 * t['mixed'] / b:.1f} us"
+        )
+
+
+def parse_batches(spec: str) -> list[int]:
+    """'16,1024' -> [16, 1024]; '' -> []."""
+    try:
+        batches = [int(b) for b in spec.split(",") if b.strip()]
+    except ValueError:
+        batches = [0]
+    if any(b < 1 for b in batches):
+        raise UserError(f"--mask-timing takes batch sizes >= 1 separated by commas, e.g. 16,1024; got {spec!r}")
+    return batches
+
+
 def build_vitmask(cfg, splits, device, name: str) -> tuple[Trainer, Timed]:
     """vitmask as it trains: the trainer applies its own autocast, compile and optimizer."""
     trainer = Trainer(cfg, splits, device)
@@ -260,6 +323,7 @@ def main(argv=None) -> dict:
         torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
     specs = [(spec, parse_vs(spec)) for spec in args.vs]  # bad specs fail before any work
+    mask_batches = parse_batches(args.mask_timing)
     ours_sets = []
     if args.autocast is not None:
         ours_sets.append(f"train.precision={PRECISION[args.autocast]}")
@@ -268,6 +332,9 @@ def main(argv=None) -> dict:
     base = [*DATA_OVERRIDES, f"data.batch_size={args.batch}", *args.set]
     cfg = load_config(args.config, [*base, *ours_sets])
     fused = args.fused_adam == "on" or (args.fused_adam == "auto" and device.type == "cuda")
+    if not args.no_reference and unsupported(cfg):
+        print(f"reference skipped: {unsupported(cfg)}; timing vitmask alone")
+        args.no_reference = True
     m = cfg.model
     print(
         f"{datetime.datetime.now():%Y-%m-%d %H:%M}  {platform.node()}  torch {torch.__version__}  "
@@ -291,7 +358,7 @@ def main(argv=None) -> dict:
     print("matmul peak: " + ", ".join(f"{k} {v / 1e9:.0f} GFLOP/s" for k, v in peaks.items()))
 
     splits = load_splits(cfg)
-    flops = train_flops_per_image(cfg)
+    flops = vitmask_flops(cfg, device)
     warmup = args.warmup + (3 if cfg.train.compile else 0)
 
     # vitmask, alone first, so its peak memory is its own
@@ -343,7 +410,7 @@ def main(argv=None) -> dict:
         "compile": cfg.train.compile,
         "matmul_peak_gflops": {k: v / 1e9 for k, v in peaks.items()},
         "train_gflop_per_image": flops / 1e9,
-        "reference_train_gflop_per_image": train_flops_per_image(cfg, masked_last_block=False) / 1e9,
+        "reference_train_gflop_per_image": reference_flops(cfg) / 1e9,
     }
     tokens = cfg.data.num_patches
     results["vitmask"] = summarise(ours, args.batch, tokens, flops, peak, mem_ours)
@@ -351,7 +418,7 @@ def main(argv=None) -> dict:
     results["vitmask"]["eval_images_per_s"] = eval_images_per_s(trainer, args.eval_batches)
     if not args.no_reference:
         ref_peak = peaks["bf16"] if ref_amp != "none" or device.type == "cuda" else peaks["fp32"]
-        ref_flops = train_flops_per_image(cfg, masked_last_block=False)  # it computes every token in every block
+        ref_flops = reference_flops(cfg)  # it computes every token in every block
         results["reference"] = summarise(theirs, args.batch, tokens, ref_flops, ref_peak, mem_ref)
         results["reference"]["batch_share_alone"] = theirs.sample_alone_s(10) / statistics.median(theirs.step_s)
         results["ratio"] = results["vitmask"]["images_per_s"] / results["reference"]["images_per_s"]
@@ -359,7 +426,7 @@ def main(argv=None) -> dict:
     for v, vtrainer, vcfg, vpeak in variants:
         # a variant may change data.batch_size or the image size: its own images per step and tokens
         vd = vcfg.data
-        out = summarise(v, vd.batch_size, vd.num_patches, train_flops_per_image(vcfg), vpeak, float("nan"))
+        out = summarise(v, vd.batch_size, vd.num_patches, vitmask_flops(vcfg, device), vpeak, float("nan"))
         out["precision"], out["compile"] = vcfg.train.precision, vcfg.train.compile
         out["eval_images_per_s"] = eval_images_per_s(vtrainer, args.eval_batches)
         out["vs_vitmask"] = out["images_per_s"] / results["vitmask"]["images_per_s"]
@@ -368,6 +435,9 @@ def main(argv=None) -> dict:
         results["variants"][v.name] = out
 
     print_table(results, device)
+    if mask_batches:
+        results["mask_timing_ms"] = mask_timing(cfg, device, mask_batches)
+        print_mask_timing(results["mask_timing_ms"], cfg)
     if args.profile:
         profile_steps(ours, args.profile)
     if args.json:

@@ -3,10 +3,12 @@ model, and its per-sample Dataset builds the same kind of batch as vitmask's sam
 
 import sys
 
+import pytest
 import torch
 
 from tests.conftest import ROOT
 from vitmask.config import Config, DataConfig, MaskConfig, ModelConfig
+from vitmask.errors import UserError
 from vitmask.model.vit import build_model
 
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -76,3 +78,63 @@ def test_reference_run_trains_on_loader_batches():
             want = -logits.log_softmax(-1).gather(-1, batch["targets"].unsqueeze(-1)).mean()
         torch.testing.assert_close(run.train_step(batch), want)
         assert all(not torch.equal(a, b) for a, b in zip(before, run.model.parameters(), strict=True))  # Adam moved all
+
+
+def test_the_reference_runs_the_shipped_generative_recipe(one_thread):
+    # configs/default.yaml: a learned mask embedding, the uniform ratio schedule, mixed masks, rope2d
+    from vitmask.config import load_config
+    from vitmask.data.batches import load_splits
+
+    small = ["data.num_train=64", "data.num_val=16", "data.num_test=16", "data.batch_size=8"]
+    cfg = load_config(ROOT / "configs" / "default.yaml", small)
+    assert cfg.mask.fill == "learned" and cfg.mask.ratio_schedule == "uniform" and cfg.mask.strategy == "mixed"
+    run = ReferenceRun(cfg, load_splits(cfg)["train"], torch.device("cpu"))
+    counts = []
+    for step in range(8):
+        batch = run.sample()
+        m = batch["ids"].shape[1]
+        counts.append(m)
+        assert batch["inputs"].shape == (8, 256, 4) and batch["targets"].shape == (8, m)
+        masked = torch.zeros(8, 256, dtype=torch.bool).scatter_(1, batch["ids"], True)
+        assert (masked.sum(1) == m).all()  # every image of the batch hides the batch's count
+        assert (batch["inputs"][masked] == 0.5).all()  # the learned embedding's stand-in: pixels of 0.5
+        assert set(batch["inputs"][~masked].unique().tolist()) <= {0.0, 1.0}
+        if step < 2:  # two steps train; the masks of all eight are checked
+            assert torch.isfinite(run.train_step(batch))
+    assert len(set(counts)) >= 5 and all(1 <= m <= 255 for m in counts)  # uniform over 1..N-1, one per batch
+
+
+def test_the_reference_counts_the_plain_stack_for_a_decoder_config():
+    from vitmask.config import config_from_dict
+    from vitmask.model.flops import train_flops_per_image
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from bench_reference import reference_flops
+
+    plain = config_from_dict({"data": {"image_size": 8}, "model": {"hidden_dim": 16, "num_heads": 2, "depth": 2}})
+    cross = config_from_dict(
+        {"data": {"image_size": 8}, "model": {"hidden_dim": 16, "num_heads": 2, "depth": 2, "decoder": "cross"}},
+        ["mask.fill=learned"],
+    )
+    assert reference_flops(cross) == reference_flops(plain) == train_flops_per_image(plain, masked_last_block=False)
+    assert ReferenceViT(cross)(torch.zeros(2, 16, 4), torch.zeros(2, 3, dtype=torch.long)).shape == (2, 3, 16)
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "configs").glob("*.yaml")))
+def test_the_reference_builds_or_names_why_not_for_every_shipped_config(name, one_thread):
+    from vitmask.config import load_config
+    from vitmask.data.batches import load_splits
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from bench_reference import unsupported
+
+    small = ["data.source=shapes", "data.num_train=16", "data.num_val=8", "data.num_test=8", "data.batch_size=4"]
+    cfg = load_config(ROOT / "configs" / name, small)
+    if unsupported(cfg):  # the benchmark then times vitmask alone; the reference itself says why in one line
+        with pytest.raises(UserError, match="--no-reference"):
+            ReferenceViT(cfg)
+        return
+    run = ReferenceRun(cfg, load_splits(cfg)["train"], torch.device("cpu"))
+    batch = run.sample()
+    assert batch["inputs"].shape == (4, cfg.data.num_patches, cfg.data.patch_dim)
+    assert torch.isfinite(run.train_step(batch))

@@ -53,3 +53,30 @@ def test_benchmark_reports_vitmask_reference_and_variant(tiny_config, tmp_path):
 def test_benchmark_bad_variant_is_a_user_error(tiny_config):
     res = run_bench("--config", tiny_config, "--vs", "autocast=fp8", "--no-reference")
     assert_user_error(res, "autocast", "bf16")
+
+
+def test_benchmark_runs_the_shipped_recipe_against_its_reference(tmp_path):
+    # configs/default.yaml: learned fill, uniform ratio schedule, mixed masks; and the mask timing
+    out = tmp_path / "bench.json"
+    small = ("--set", "data.num_train=64", "--set", "data.num_val=16", "--set", "data.num_test=16")
+    res = run_bench("--eval-batches", "1", *small, "--mask-timing", "4,8", "--json", out)
+    assert res.returncode == 0, res.stderr
+    r = json.loads(out.read_text())
+    assert r["reference"]["images_per_s"] > 0 and r["vitmask"]["images_per_s"] > 0
+    assert set(r["mask_timing_ms"]) == {"4", "8"}
+    assert all(t[k] > 0 for t in r["mask_timing_ms"].values() for k in ("random", "block", "mixed"))
+    assert "mask building, ms per batch" in res.stdout
+
+
+def test_benchmark_bad_mask_timing_is_a_user_error(tiny_config):
+    res = run_bench("--config", tiny_config, "--mask-timing", "16,lots", "--no-reference")
+    assert_user_error(res, "--mask-timing", "16,1024")
+
+
+def test_benchmark_times_vitmask_alone_where_the_reference_cannot_build_the_model(tiny_config, tmp_path):
+    out = tmp_path / "bench.json"
+    res = run_bench("--config", tiny_config, "--set", "model.norm=none", "--eval-batches", "1", "--json", out)
+    assert res.returncode == 0, res.stderr
+    assert "reference skipped: the reference model needs model.norm=layernorm" in res.stdout
+    r = json.loads(out.read_text())
+    assert r["vitmask"]["images_per_s"] > 0 and "reference" not in r

@@ -7,9 +7,12 @@ import pytest
 import torch
 from torch import nn
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, TINY
 from vitmask.config import Config, ModelConfig, config_from_dict, load_config
+from vitmask.data.masking import mask_to_ids
+from vitmask.model import layers
 from vitmask.model.layers import Attention, Block, FeedForward, merge_heads, split_heads
+from vitmask.model.positions import apply_rope, gather_rope, rope_2d_angles
 from vitmask.model.vit import MaskedPatchViT, build_model
 
 
@@ -249,3 +252,73 @@ def test_decoder_none_is_the_single_stack_written_out_by_hand(fill):
             torch.testing.assert_close(
                 model(x, mask, ids), want.gather(1, ids[..., None].expand(-1, -1, 16)), rtol=1e-10, atol=1e-10
             )
+
+
+def written_out_rotation(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
+    """x (L, d), angles (L, d/2): pair i of row l turned by [[cos t, -sin t], [sin t, cos t]], t = angles[l, i]."""
+    out = torch.empty_like(x)
+    for row in range(x.shape[0]):
+        for i in range(x.shape[1] // 2):
+            t = float(angles[row, i])
+            a, b = float(x[row, 2 * i]), float(x[row, 2 * i + 1])
+            out[row, 2 * i] = math.cos(t) * a - math.sin(t) * b
+            out[row, 2 * i + 1] = math.sin(t) * a + math.cos(t) * b
+    return out
+
+
+@pytest.mark.parametrize("num_kv_heads", [1, 2, 4])
+@pytest.mark.parametrize("gathered", [False, True])
+def test_attention_turns_queries_and_keys_in_one_rotation_as_written_out(num_kv_heads, gathered):
+    # every query and key head of token l turned by its patch's angles; then plain attention by hand
+    torch.manual_seed(num_kv_heads)
+    dim, heads, grid, b = 32, 4, 3, 2
+    d = dim // heads
+    attn = Attention(dim, heads, True, True, 0.0, num_kv_heads=num_kv_heads, mode="explicit").eval()
+    angles = rope_2d_angles(d, grid)  # (9, d/2)
+    if gathered:  # each image's tokens at its own patches, as the encoder sees its visible ones
+        where = torch.tensor([[0, 4, 8, 2, 6], [7, 1, 3, 5, 0]])  # (B, L)
+        rope = gather_rope((angles.cos(), angles.sin()), where)  # 2 x (B, 1, L, d/2)
+    else:
+        where = torch.arange(grid * grid).expand(b, -1)
+        rope = (angles.cos(), angles.sin())
+    x = torch.randn(b, where.shape[1], dim)
+    w, bias, kv = attn.qkv.weight, attn.qkv.bias, num_kv_heads * d
+    with torch.no_grad():
+        out = attn(x, rope)
+        for img in range(b):
+            q_all, k_all = x[img] @ w[:dim].T + bias[:dim], x[img] @ w[dim : dim + kv].T + bias[dim : dim + kv]
+            v_all = x[img] @ w[dim + kv :].T + bias[dim + kv :]
+            heads_out = []
+            for h in range(heads):
+                g = h // (heads // num_kv_heads)
+                q = written_out_rotation(q_all[:, h * d : (h + 1) * d], angles[where[img]])
+                k = written_out_rotation(k_all[:, g * d : (g + 1) * d], angles[where[img]])
+                a = torch.softmax(q @ k.T / math.sqrt(d), dim=-1)
+                heads_out.append(a @ v_all[:, g * d : (g + 1) * d])
+            want = torch.cat(heads_out, -1) @ attn.proj.weight.T + attn.proj.bias
+            torch.testing.assert_close(out[img], want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_rotary_model_gives_the_same_logits_with_the_joint_rotation(monkeypatch):
+    # the whole rope2d stack against the same blocks with Q and K turned one at a time (apply_rope
+    # each, itself checked against the written-out rotation in tests/test_variants.py)
+    cfg = config_from_dict(TINY, ["model.pos=rope2d", "model.num_kv_heads=1"])
+    model = build_model(cfg).eval()
+    x = torch.randint(0, 2, (2, 64, 4)).float()
+    mask = torch.zeros(2, 64, dtype=torch.bool)
+    mask[:, ::3] = True
+    ids = mask_to_ids(mask)
+    with torch.no_grad():
+        joint_all, joint_ids = model(x, mask), model(x, mask, ids)
+
+    def one_at_a_time(self, x, rope):
+        q, k, v = self.qkv(x).split(self.split, dim=-1)
+        q = apply_rope(split_heads(q, self.num_heads), *rope)
+        k = apply_rope(split_heads(k, self.num_kv_heads), *rope)
+        return self.mix(q, k, split_heads(v, self.num_kv_heads))
+
+    monkeypatch.setattr(layers.Attention, "attend_rotated", one_at_a_time)
+    with torch.no_grad():
+        sep_all, sep_ids = model(x, mask), model(x, mask, ids)
+    torch.testing.assert_close(joint_all, sep_all, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(joint_ids, sep_ids, rtol=1e-5, atol=1e-5)

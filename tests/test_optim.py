@@ -228,7 +228,7 @@ def test_a_compiled_step_is_traced_once_for_every_masked_count(monkeypatch, sche
     from vitmask.data.masking import random_mask
 
     counter, real_compile = CompileCounter(), torch.compile
-    monkeypatch.setattr(torch, "compile", lambda net: real_compile(net, backend=counter))
+    monkeypatch.setattr(torch, "compile", lambda net, **_: real_compile(net, backend=counter))  # mode: any
     torch._dynamo.reset()
     cfg = config_from_dict(TINY, [f"mask.ratio_schedule={schedule}", "train.compile=true"])
     trainer = Trainer(cfg, splits := load_splits(cfg), torch.device("cpu"))

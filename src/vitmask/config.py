@@ -77,6 +77,11 @@ DecoderDesign = Literal["none", "self", "cross"]
 Optimizer = Literal["adam", "adamw", "muon"]
 Schedule = Literal["constant", "cosine", "linear"]
 Precision = Literal["fp32", "bf16", "fp16", "auto"]
+CompileMode = Literal["default", "reduce-overhead", "max-autotune"]  # torch.compile(mode=...)
+# the training step's shapes (train.trainer.static_step): static = one graph for every masked count,
+# masked = the last block computes only the M masked tokens, auto = static on CUDA under a ratio
+# schedule without a decoder, masked elsewhere
+StepShapes = Literal["auto", "static", "masked"]
 
 MAX_DEPTH = 1024  # blocks: far beyond any model this trainer is for, and quick to build and count
 
@@ -374,6 +379,8 @@ class TrainConfig:
     accum_steps: int = 1  # micro-batches per step; data.batch_size must be divisible by it
     precision: Precision = "fp32"  # bf16: autocast; fp16: + GradScaler, CUDA only; auto: bf16 where native
     compile: bool = False  # wrap the model in torch.compile
+    compile_mode: CompileMode = "default"  # torch.compile mode; reduce-overhead: CUDA graphs
+    step_shapes: StepShapes = "auto"  # static: every token to the head, the loss weighted by the mask
     deterministic: bool = False  # ask torch for deterministic algorithms (slower; exact resume on CPU)
     keep_last: int = 3  # step_*.pt checkpoints kept in the run dir (last.pt and best.pt always kept)
     probe_every: int = 0  # steps between online probes (k-NN and linear accuracy on val, from labels); 0 = off
@@ -457,6 +464,12 @@ class Config:
             "train.accum_steps",
             f"({self.train.accum_steps}) must divide data.batch_size ({self.data.batch_size}); "
             "pick a divisor or change the batch size",
+        )
+        _check(
+            self.train.step_shapes != "static" or self.model.decoder == "none",
+            "train.step_shapes",
+            f"static needs model.decoder=none (the encoder of model.decoder={self.model.decoder} sees the "
+            "N - M visible patches, a count that changes with M); use train.step_shapes=auto or masked",
         )
         if self.model.decoder != "none":
             _check(

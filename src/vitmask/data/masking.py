@@ -6,10 +6,11 @@ M = round(ratio * N) patches (Python's round), clamped to [1, N - 1], so every s
 and the loss needs no boolean indexing.
 
 Strategies (`mask.strategy`): `random` draws the M patches uniformly; `block` (BEiT) covers
-rectangles of patches until M are covered, then keeps exactly M; `mixed` draws both for every image
-with the same M and keeps the block mask for a share `mask.block_share` of the images. All are
-batched tensor ops. Evaluation also has `centre`: the central square of half the grid's side, the
-same for every image.
+rectangles of patches until M are covered, then keeps exactly M; `mixed` keeps a block mask for a
+share `mask.block_share` of the images and a random one for the rest, with the same M. All are
+batched tensor ops, a fixed number of them whatever the batch and grid (block masks:
+`BLOCK_PASSES` passes of `BLOCK_ROUNDS` rectangles per image at once). Evaluation also has
+`centre`: the central square of half the grid's side, the same for every image.
 
 Training draws M once per batch from the ratio schedule (`mask.ratio_schedule`): `fixed` (always
 `mask.ratio`), `uniform` (uniform over the counts `mask.ratio_range` allows, all of 1..N - 1 by
@@ -101,6 +102,13 @@ def apply_fill(patches: torch.Tensor, mask: torch.Tensor, fill: float) -> torch.
     return patches.masked_fill(mask.unsqueeze(-1), fill)
 
 
+# `block_mask` draws BLOCK_PASSES passes of BLOCK_ROUNDS rectangles per image, each pass from the count
+# the earlier ones left uncovered: 6 x 4 keeps the masks' statistics within a few percent of drawing the
+# rectangles one at a time (tests/test_masking.py), in a fixed number of ops
+BLOCK_ROUNDS = 4
+BLOCK_PASSES = 6
+
+
 def block_mask(
     batch: int,
     grid: int,
@@ -109,62 +117,81 @@ def block_mask(
     aspect: tuple[float, float] = (0.3, 3.3),
     generator: torch.Generator | None = None,
     device: torch.device | str = "cpu",
-    rounds: int = 0,
-    stop_when_covered: bool | None = None,
+    rounds: int = BLOCK_ROUNDS,
+    passes: int = BLOCK_PASSES,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Hide exactly `num_mask` patches per image in rectangles of patches, as in BEiT.
 
-    Each round draws one rectangle per image, for every image at once: an area between
-    `min_patches` and the count still missing, a height/width ratio log-uniform in `aspect`, and a
-    uniform position on the grid. A patch is ranked by the round that first covered it, and within
-    that round by its distance from the rectangle's centre; the first `num_mask` in that order are
-    masked. So every earlier rectangle is kept whole, the one that overshoots is trimmed to the
-    patches nearest its centre, and if the rounds cover too few, the rest is taken from patches
-    next to the rectangles (most covered neighbours first, ties at random).
-    `rounds` = 0 picks ceil(M / min_patches) + 4 (at most 32): more rounds barely change the masks.
-    Once every image has M patches covered the later rounds change nothing, and `stop_when_covered`
-    (default: on a CPU, where reading that back costs no device sync) skips them: the same masks,
-    in fewer small ops (about half the rounds).
+    BEiT draws rectangles one after another: an area between `min_patches` and the count still
+    missing, a height/width ratio log-uniform in `aspect`, a uniform position, until M are covered.
+    Here `passes` passes each draw `rounds` rectangles per image at once (`block_areas`: the areas
+    follow BEiT's recurrence with overlaps between one pass's rectangles not yet subtracted, and the
+    next pass draws from the count then truly missing). A patch is ranked by the pass and round of
+    the first rectangle that covered it, and within that round by its distance from the rectangle's
+    centre; the first `num_mask` in that order are masked. So earlier rectangles are kept whole, the
+    one that overshoots is trimmed to the patches nearest its centre, and if the passes cover too
+    few, the rest is taken from patches next to the rectangles (most covered neighbours first, ties
+    at random). Every op is batched: no Python loop over images, and `passes` (a constant) over rounds.
 
     Returns ids (B, M) int64 and mask (B, N) bool, True = masked, like `random_mask`.
     """
     n = grid * grid
-    if rounds <= 0:
-        rounds = min(math.ceil(num_mask / min(min_patches, num_mask)) + 4, 32)
     rand = lambda *shape: torch.rand(*shape, generator=generator, device=device)  # noqa: E731
-    coord = torch.arange(grid, device=device, dtype=torch.float32)
-    rows, cols = coord.view(1, grid, 1), coord.view(1, 1, grid)  # (1, g, 1), (1, 1, g)
+    coord = 2 * torch.arange(grid, device=device, dtype=torch.float32)  # (g,) 2 x, in half patches
     log_lo, log_hi = math.log(aspect[0]), math.log(aspect[1])
-    key = torch.zeros(batch, grid, grid, device=device)  # (B, g, g) rank: round + distance in [0, 1)
-    covered = torch.zeros(batch, grid, grid, dtype=torch.bool, device=device)  # (B, g, g)
-    if stop_when_covered is None:
-        stop_when_covered = torch.device(device).type == "cpu"
-    for r in range(rounds):
-        missing = (num_mask - covered.sum((1, 2))).clamp_min(0).float()  # (B,)
-        if stop_when_covered and not missing.any():
-            break
-        lo = torch.clamp(missing, max=float(min_patches))
-        area = lo + rand(batch) * (missing - lo)  # (B,) uniform in [min(missing, min_patches), missing]
-        ratio = torch.exp(log_lo + rand(batch) * (log_hi - log_lo))  # (B,) height / width
-        h = (area * ratio).sqrt().round().clamp(1, grid)  # (B,)
-        w = (area / ratio).sqrt().round().clamp(1, grid)  # (B,)
-        top = (rand(batch) * (grid - h + 1)).floor().view(-1, 1, 1)  # (B, 1, 1)
-        left = (rand(batch) * (grid - w + 1)).floor().view(-1, 1, 1)
-        h, w = h.view(-1, 1, 1), w.view(-1, 1, 1)
-        rect = (rows >= top) & (rows < top + h) & (cols >= left) & (cols < left + w)  # (B, g, g)
-        new = rect & ~covered & (missing > 0).view(-1, 1, 1)  # (B, g, g)
-        dist = torch.hypot(rows - (top + (h - 1) / 2), cols - (left + (w - 1) / 2))  # (B, g, g)
-        key = torch.where(new, r + dist / (dist.amax((1, 2), keepdim=True) + 1), key)
-        covered |= new
+    # a rank is an integer, exact in float32: (pass * (R + 1) + round) * span + the squared distance
+    # from the rectangle's centre in half patches (below span); `outside` or more where none covers
+    span = 2 * (2 * grid) ** 2
+    outside = 2.0 ** (span * passes * (rounds + 1)).bit_length()
+    order = span * torch.arange(rounds, device=device, dtype=torch.float32)  # (R,) the rounds of a pass
+    later = torch.ones(rounds, rounds, dtype=torch.bool, device=device).triu()  # (R, R) for `block_areas`
+    draws = rand(passes, batch, rounds, 4)  # (passes, B, R, 4): area, aspect, row and column of each rectangle
+    key = torch.full((batch, grid, grid), outside, device=device)  # (B, g, g) rank: pass, round, distance
+    for step, u in enumerate(draws):  # u (B, R, 4)
+        missing = (num_mask - (key < outside).sum((1, 2))).clamp_min(0).float()  # (B,)
+        area, active = block_areas(missing, min_patches, u[..., 0], later)  # 2 x (B, R)
+        root = torch.exp((log_lo + u[..., 1] * (log_hi - log_lo)) / 2)  # (B, R) sqrt(height / width)
+        sides = (area.sqrt().unsqueeze(-1) * torch.stack([root, 1 / root], -1)).round().clamp(1, grid)  # (B, R, 2) h, w
+        start = (u[..., 2:] * (grid - sides + 1)).floor()  # (B, R, 2) top, left
+        # per axis, (2 x - (2 start + side - 1))^2 plus `outside` where x is not in the rectangle
+        lo, side = 2 * start.unsqueeze(-1), 2 * sides.unsqueeze(-1)  # (B, R, 2, 1) in half patches
+        off = (coord < lo) | (coord >= lo + side)  # (B, R, 2, g)
+        axis = (coord - (lo + side / 2 - 1)) ** 2 + outside * off  # (B, R, 2, g)
+        first = (order + step * (rounds + 1) * span + outside * ~active).unsqueeze(-1)  # (B, R, 1)
+        rect_key = ((axis[:, :, 0] + first).unsqueeze(-1) + axis[:, :, 1].unsqueeze(-2)).amin(1)  # (B, g, g)
+        key = torch.minimum(key, rect_key)  # a patch keeps the rank of the first rectangle that covered it
+    covered = key < outside  # (B, g, g)
     # patches no rectangle covered rank last, those with more covered 4-neighbours first, so a
     # shortfall grows the rectangles' edges instead of scattering single patches
     c = torch.nn.functional.pad(covered.float(), (1, 1, 1, 1))  # (B, g + 2, g + 2)
     near = c[:, :-2, 1:-1] + c[:, 2:, 1:-1] + c[:, 1:-1, :-2] + c[:, 1:-1, 2:]  # (B, g, g) in 0..4
-    key = torch.where(covered, key, rounds + (4 - near + rand(batch, grid, grid)) / 5)
-    ids = key.view(batch, n).argsort(dim=1, stable=True)[:, :num_mask]  # (B, M); ties (equal distances) by index
+    key = torch.where(covered, key, outside * (1 + (4 - near + rand(batch, grid, grid)) / 5))  # (B, g, g)
+    ids = key.view(batch, n).topk(num_mask, dim=1, largest=False, sorted=False).indices  # (B, M) the M lowest ranks
     mask = torch.zeros(batch, n, dtype=torch.bool, device=device)  # (B, N)
     mask.scatter_(1, ids, True)
     return ids, mask
+
+
+def block_areas(
+    missing: torch.Tensor, min_patches: int, u: torch.Tensor, later: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """BEiT's areas for R rectangles in a row, all at once: missing (B,) patches to cover, u (B, R)
+    uniform, later (R, R) bool, True where s >= r -> area (B, R) and active (B, R) bool (a rectangle
+    is drawn).
+
+    Round r draws area_r = p + u_r (m_r - p) while m_r >= p (p = min_patches), then the rest,
+    area = m_r, and nothing after, with m_0 = missing and m_{r+1} = m_r - area_r (overlaps not
+    subtracted). While m_s >= p, m_{r+1} = (1 - u_r)(m_r - p), so with E_r = sum_{s<r} log(1 - u_s):
+    m_r = exp(E_r) m_0 - p sum_{s<r} exp(E_r - E_s), a sum over a (R, R) triangle.
+    """
+    log_v = torch.log1p(-u)  # (B, R) log(1 - u_r); u < 1
+    e = torch.cumsum(log_v, 1) - log_v  # (B, R) E_r, exclusive
+    decay = (e.unsqueeze(2) - e.unsqueeze(1)).masked_fill(later, -math.inf).exp()  # (B, R, R) exp(E_r - E_s)
+    m = e.exp() * missing.unsqueeze(1) - min_patches * decay.sum(2)  # (B, R) m_r
+    first_kind = (m >= min_patches).int().cumprod(1)  # (B, R) 1 while every round so far had m_s >= p
+    exact = torch.nn.functional.pad(first_kind[:, :-1], (1, 0), value=1).bool()  # (B, R) m_r follows the formula
+    area = torch.where(first_kind.bool(), min_patches + u * (m - min_patches), m)  # (B, R)
+    return area.clamp_min(1), exact & (m >= 0.5)  # a rectangle where half a patch or more is missing
 
 
 def mixed_mask(
@@ -177,15 +204,20 @@ def mixed_mask(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per image, a block mask with probability `cfg.block_share`, else a random one; both hide M.
 
-    Both kinds are drawn for every image and the rows are selected with torch.where, so the batch
-    holds both kinds (about block_share of it blocks) with no per-image Python and static shapes.
-    On a CPU a batch where no image drew a block skips building them (most batches at a small
-    share: (1 - share)^B of them); on a device that check would be a sync, so blocks are always built.
+    On a device, both kinds are drawn for every image and the rows are selected with torch.where:
+    no per-image Python, static shapes, no sync. On a CPU, where counting the block rows costs no
+    sync, blocks are built for those rows alone (about block_share of the batch) and copied in.
     """
     use_block = torch.rand(batch, 1, generator=generator, device=device) < cfg.block_share  # (B, 1)
     rand_ids, rand = random_mask(batch, grid * grid, num_mask, generator, device)
-    if torch.device(device).type == "cpu" and not use_block.any():
-        return rand_ids, rand
+    if torch.device(device).type == "cpu":
+        rows = use_block.squeeze(1).nonzero().squeeze(1)  # (k,) the images that hide blocks
+        if len(rows) == 0:
+            return rand_ids, rand
+        block_ids, block = block_mask(
+            len(rows), grid, num_mask, cfg.block_min_patches, cfg.block_aspect, generator, device
+        )  # (k, M), (k, N)
+        return rand_ids.index_copy(0, rows, block_ids), rand.index_copy(0, rows, block)  # (B, M), (B, N)
     block_ids, block = block_mask(batch, grid, num_mask, cfg.block_min_patches, cfg.block_aspect, generator, device)
     return torch.where(use_block, block_ids, rand_ids), torch.where(use_block, block, rand)  # (B, M), (B, N)
 

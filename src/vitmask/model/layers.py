@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vitmask.config import ModelConfig
-from vitmask.model.positions import apply_rope
+from vitmask.model.positions import apply_rope, rotate_qk
 
 
 def gather_tokens(x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
@@ -94,6 +94,8 @@ class Attention(nn.Module):
         ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """x (B, N, D) -> (B, N, D), or (B, M, D) for the M query tokens in ids (B, M)."""
+        if ids is None and rope is not None:  # Q and K of the same tokens: rotated together, in one op
+            return self.attend_rotated(x, rope)
         if ids is None:
             q, k, v = self.qkv(x).split(self.split, dim=-1)  # (B, N, D), 2 x (B, N, K*d)
             rope_q = rope
@@ -106,13 +108,27 @@ class Attention(nn.Module):
             rope_q = None if rope is None else tuple(r[ids].unsqueeze(1) for r in rope)  # 2 x (B, 1, M, d/2)
         q = split_heads(q, self.num_heads)  # (B, H, N or M, d)
         k, v = split_heads(k, self.num_kv_heads), split_heads(v, self.num_kv_heads)  # 2 x (B, K, N, d)
-        if rope is not None:
+        if rope is not None:  # the last block: Q of the M picked tokens, K of all N, each with its own rows
             q, k = apply_rope(q, *rope_q), apply_rope(k, *rope)
+        return self.mix(q, k, v)  # (B, N or M, D)
+
+    def mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q (B, H, L, d), k and v (B, K, N, d) -> (B, L, D): grouped heads, attention, output projection."""
         if self.num_kv_heads != self.num_heads:
             group = self.num_heads // self.num_kv_heads
             k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # 2 x (B, H, N, d)
-        y = attend(q, k, v, self.dropout if self.training else 0.0, self.mode)  # (B, H, N or M, d)
-        return self.proj(merge_heads(y))  # (B, N or M, D)
+        y = attend(q, k, v, self.dropout if self.training else 0.0, self.mode)  # (B, H, L, d)
+        return self.proj(merge_heads(y))  # (B, L, D)
+
+    def attend_rotated(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """x (B, N, D) -> (B, N, D) with rotary positions: Q and K turned in one `rotate_qk` on the
+        projection's (B, N, H + K, d) layout, then split into heads."""
+        qk, v = self.qkv(x).split(
+            (self.split[0] + self.split[1], self.split[2]), dim=-1
+        )  # (B, N, D + K*d), (B, N, K*d)
+        qk = rotate_qk(qk.unflatten(-1, (self.num_heads + self.num_kv_heads, -1)), rope)  # (B, N, H + K, d)
+        q, k = qk.transpose(1, 2).split((self.num_heads, self.num_kv_heads), dim=1)  # (B, H, N, d), (B, K, N, d)
+        return self.mix(q, k, split_heads(v, self.num_kv_heads))  # (B, N, D)
 
 
 class SquaredReLU(nn.Module):

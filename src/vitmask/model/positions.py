@@ -43,10 +43,22 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     """Rotate each pair (x_2i, x_2i+1) by its angle: [[cos, -sin], [sin, cos]] (docs/notation.md).
 
     x (B, H, N, d); cos, sin (N, d/2), or (B, 1, N, d/2) per image. Returns (B, H, N, d) in x's dtype.
+    Any layout works whose tables broadcast against x's pairs (`rotate_qk` uses (B, N, H, d)).
     """
     x0, x1 = x.unflatten(-1, (-1, 2)).unbind(-1)  # 2 x (B, H, N, d/2)
     y = torch.stack([x0 * cos - x1 * sin, x0 * sin + x1 * cos], dim=-1)  # (B, H, N, d/2, 2)
     return y.flatten(-2).type_as(x)  # (B, H, N, d)
+
+
+def rotate_qk(qk: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """Queries and keys of the same tokens turned in one application, in the projection's own layout.
+
+    qk (B, N, H + K, d): the query heads then the key heads of every token, as the fused QKV matmul
+    leaves them (no transpose first); rope: the tables 2 x (N, d/2), or 2 x (B, 1, N, d/2) gathered
+    per image. Each table row turns every head of its token. Returns (B, N, H + K, d).
+    """
+    cos, sin = (t.unsqueeze(-2) if t.dim() == 2 else t.transpose(1, 2) for t in rope)  # (N or B, N, 1, d/2)
+    return apply_rope(qk, cos, sin)
 
 
 def gather_rope(rope: tuple[torch.Tensor, torch.Tensor], ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

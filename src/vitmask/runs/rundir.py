@@ -59,6 +59,8 @@ RESUMABLE = (
     "train.eval_batches",
     "train.keep_last",
     "train.compile",
+    "train.compile_mode",
+    "train.step_shapes",
     "train.deterministic",
     "train.precision",
     "train.probe_every",

@@ -54,6 +54,33 @@ def plain_numbers(metrics: dict) -> dict[str, float]:
     return {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
+def mask_weighted_loss(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy over masked patches from every patch's logits: logits (B, N, C), targets (B, N),
+    mask (B, N) bool -> scalar. Each patch's cross-entropy is weighted by its mask bit, the sum divided
+    by the masked count: `masked_loss` over the masked patches, in shapes that do not depend on M."""
+    ce = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="none")  # (B*N,)
+    weight = mask.flatten().float()  # (B*N,) 1 at masked patches
+    return (ce * weight).sum() / weight.sum()
+
+
+def static_step(cfg: Config, device: torch.device) -> bool:
+    """Whether the training step keeps its shapes fixed for every masked count M (`train.step_shapes`).
+
+    static: the last block and the head compute all N tokens and the loss is weighted by the mask
+    (`mask_weighted_loss`), so one compiled graph serves every M and CUDA graphs can replay it.
+    masked: the last block computes only the M masked tokens the loss reads (fewer FLOPs; under a
+    ratio schedule and train.compile, M is a dynamic size of the graph). auto: static where it pays,
+    a compiled CUDA step under a ratio schedule without a decoder; masked elsewhere (on a CPU the
+    masked-only last block is the faster step; with a decoder the encoder's token count is N - M).
+    """
+    train = cfg.train
+    if train.step_shapes != "auto":
+        return train.step_shapes == "static"
+    return (
+        train.compile and device.type == "cuda" and cfg.mask.ratio_schedule != "fixed" and cfg.model.decoder == "none"
+    )
+
+
 class Trainer:
     def __init__(
         self, cfg: Config, splits: dict[str, torch.Tensor], device: torch.device, logger=None, world=None, probe=None
@@ -68,10 +95,12 @@ class Trainer:
         self.scaler = process.grad_scaler(train.precision, device)
         self.ddp = distributed.data_parallel(self.model, device, self.world)  # None in a world of one
         net = self.ddp if self.ddp is not None else self.model
-        self.net = torch.compile(net) if train.compile else net  # what the training step calls
+        self.net = torch.compile(net, mode=train.compile_mode) if train.compile else net  # what the step calls
+        self.static = static_step(cfg, device)  # every token to the head: one graph for every M
         # under a ratio schedule M changes from batch to batch: compile the step for any M at once,
         # not first for the M of batch 1 and again when the second differs (28 s of a cold start)
-        self.any_masked_count = train.compile and cfg.mask.ratio_schedule != "fixed"
+        self.any_masked_count = train.compile and cfg.mask.ratio_schedule != "fixed" and not self.static
+        self.cuda_graphs = train.compile and train.compile_mode == "reduce-overhead" and device.type == "cuda"
         self.sampler = self.build_sampler(training_images(splits["train"], cfg, device))
         self.validator = self.build_validator(splits)
         self.reporter = Reporter(cfg, logger, device, main=self.world.main)
@@ -106,7 +135,13 @@ class Trainer:
         if self.any_masked_count:
             torch._dynamo.maybe_mark_dynamic(mb.ids, 1)  # M: a size of the graph, not a constant
         with process.autocast(self.cfg.train.precision, self.device):
-            logits = self.net(mb.patches, mb.mask, mb.ids)  # (b, M, C)
+            if self.static:
+                logits = self.net(mb.patches, mb.mask)  # (b, N, C): the same shapes for every M
+            else:
+                logits = self.net(mb.patches, mb.mask, mb.ids)  # (b, M, C)
+        if self.static:
+            loss = mask_weighted_loss(logits, mb.targets, mb.mask)
+            return loss, logits.detach().argmax(-1).gather(1, mb.ids), mb.masked_targets  # (b, M) twice
         return masked_loss(logits, mb.masked_targets), logits.detach().argmax(-1), mb.masked_targets
 
     # ---- one step ---------------------------------------------------------------------------
@@ -120,6 +155,8 @@ class Trainer:
             last = i == len(micro) - 1
             sync = self.ddp.no_sync() if self.ddp is not None and not last else contextlib.nullcontext()
             with sync:
+                if self.cuda_graphs:
+                    torch.compiler.cudagraph_mark_step_begin()  # a new replay: the last one's outputs are read
                 loss, pred, target = self.forward_loss(mb)
                 self.scaler.scale(loss / len(micro)).backward()
             losses.append(loss.detach())
