@@ -16,7 +16,7 @@ from vitmask.config import Config, check_seed, config_from_dict, dump_config, lo
 from vitmask.data.batches import SPLITS, eval_batches, load_labelled_splits, load_splits
 from vitmask.data.masking import centre_box_mask
 from vitmask.data.preprocess import binarize_images, load_image_file
-from vitmask.errors import UserError
+from vitmask.errors import UserError, warn
 from vitmask.evaluate.likelihood import check_nll_args, nll_report
 from vitmask.evaluate.pictures import image_grid, paste_predictions, reconstruction_grid, save_binary_image, save_grid
 from vitmask.evaluate.probe import online_probe, run_probes
@@ -26,9 +26,9 @@ from vitmask.generate.sampling import DecodeOptions, decode_masked, sample_image
 from vitmask.model.memory_estimate import check_fits, check_model_fits
 from vitmask.model.params import ParamRow, param_rows
 from vitmask.model.vit import build_model
-from vitmask.outputs import check_out_file, reason, write_atomically, write_text
+from vitmask.outputs import check_not_a_link_loop, check_out_file, reason, write_atomically, write_text
 from vitmask.runs import rundir
-from vitmask.runs.checkpoint import checkpoint_config, describe_load_failure, load_model
+from vitmask.runs.checkpoint import checkpoint_config, config_of, describe_load_failure, load_model
 from vitmask.runtime import distributed
 from vitmask.runtime.memory import is_out_of_memory, out_of_memory
 from vitmask.runtime.process import resolve_device
@@ -80,6 +80,7 @@ def _run(plan: rundir.Resolved, device: torch.device, world: distributed.World) 
     cfg, run_dir = plan.cfg, plan.run_dir
     data = load_data(cfg, device, load_labelled_splits)
     trainer = None
+    start = int(plan.state["step"]) if plan.state is not None else 0  # the step where this process begins
     try:
         probe = online_probe(cfg, data, device) if world.main else None
         logger = TensorBoardLogger(run_dir) if world.main else None
@@ -97,10 +98,10 @@ def _run(plan: rundir.Resolved, device: torch.device, world: distributed.World) 
             with contextlib.suppress(Exception):
                 trainer.close()
         if is_out_of_memory(e):
-            raise out_of_memory(e, device, f"training at step {trainer.step if trainer else 0}") from None
+            raise out_of_memory(e, device, f"training at step {trainer.step if trainer else start}") from None
         if isinstance(e, UserError) and not hasattr(e, "errno"):
             raise
-        failure = rundir.write_failure(e, run_dir, trainer.step if trainer else 0) if world.main else None
+        failure = rundir.write_failure(e, run_dir, trainer.step if trainer else start) if world.main else None
         if failure is None:
             raise
         raise failure from None
@@ -228,6 +229,7 @@ def reconstruct(path: Path, out: Path, n: int, ratio: float | None, split: str, 
     check_out_file(out, inputs=(path,))
     device = resolve_device(device_name)
     model, cfg, _ = load_model(path, device)
+    check_out_file(out, **data_inputs(cfg))
     check_fits(cfg, device, training=False)
     images = load_data(cfg, device)[split][:n].to(device)
     ratio = cfg.mask.ratio if ratio is None else ratio
@@ -271,6 +273,9 @@ def inpaint(
             "pass --temperature 1 (or --order random, or --choice-temperature 4.5)"
         )
     check_seed(seed, "--seed")
+    check_not_a_link_loop(image, "--image")
+    if mask_path is not None:
+        check_not_a_link_loop(mask_path, "--mask")
     check_out_file(out, inputs=(image, mask_path, path))
     device = resolve_device(device_name)
     model, cfg, _ = load_model(path, device)
@@ -335,9 +340,29 @@ def count_params(config: Path | None, checkpoint: Path | None, overrides: list[s
     checkpoint's config, describes, `overrides` applied."""
     if (config is None) == (checkpoint is None):
         raise UserError("count-params needs exactly one of --config PATH or --checkpoint PATH")
-    cfg = checkpoint_config(checkpoint, overrides) if checkpoint is not None else load_config(config, overrides)
+    if checkpoint is None:
+        cfg = load_config(config, overrides)
+        check_model_fits(cfg)
+        return param_rows(build_model(cfg))
+    trained = checkpoint_config(checkpoint)
+    check_model_fits(trained)
+    model, _, state = load_model(checkpoint)  # the weights must be the model its config describes
+    if not overrides:
+        return param_rows(model)
+    cfg = config_of(state, checkpoint, overrides)
     check_model_fits(cfg)
     return param_rows(build_model(cfg))
+
+
+def data_inputs(cfg: Config) -> dict[str, tuple[Path, ...]]:
+    """What a config's data source reads, as `check_out_file`'s `inputs` (a file: npz) and
+    `input_folders` (a folder whose files are the dataset: folder, idx, torchvision)."""
+    d = cfg.data
+    if d.source == "shapes":
+        return {"inputs": (), "input_folders": ()}
+    if d.source == "npz" or Path(d.path).is_file():
+        return {"inputs": (Path(d.path),), "input_folders": ()}
+    return {"inputs": (), "input_folders": (Path(d.path),)}
 
 
 def preview(config: Path | None, overrides: list[str], out: Path, count: int, seed: int) -> str:
@@ -345,12 +370,18 @@ def preview(config: Path | None, overrides: list[str], out: Path, count: int, se
     from vitmask.data.preview import format_stats, write_preview
 
     cfg = resolve_config(config, overrides)
-    if not 1 <= count <= MAX_GRID_IMAGES:
-        raise UserError(
-            f"--count must be at least 1 and at most {MAX_GRID_IMAGES} (images in one PNG grid), got {count}"
+    if count < 1:
+        raise UserError(f"--count must be at least 1 (images in the PNG grid), got {count}")
+    if count > MAX_GRID_IMAGES:
+        warn(
+            f"--count {count} is more than one PNG grid holds ({MAX_GRID_IMAGES} images; beyond, the grid alone "
+            f"takes gigabytes); showing {MAX_GRID_IMAGES}"
         )
+        count = MAX_GRID_IMAGES
     check_seed(seed, "--seed")
     check_out_file(out, make_folder=True)
+    inputs = data_inputs(cfg)
+    check_out_file(out, make_folder=True, inputs=(*inputs["inputs"], config), input_folders=inputs["input_folders"])
     check_fits(cfg, torch.device("cpu"), training=False, what="loading the data of")
     stats = write_preview(load_splits(cfg), cfg, out, count, seed)
     return format_stats(stats, cfg)

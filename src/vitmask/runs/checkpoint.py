@@ -15,23 +15,37 @@ resume. A file that is a vitmask checkpoint but damaged or of another version (m
 entries of the wrong type, a config this version cannot build) is refused with one line naming
 the entry (`check_resumable` for what a resume needs beyond the model and config).
 
+Every checkpoint carries a checksum, checked on every load (`verify_checksum`), so a file whose
+bytes changed after it was written (a flipped bit on disk, a bad copy, an edit) is refused in one
+line. torch.save writes a zip file whose records (the pickle and each tensor's bytes) already hold
+their CRC-32; the rest of the file (every header, the record list, the end record) is covered by a
+SHA-256 that vitmask stores in the zip's own comment field, which torch and every zip reader skip.
+Computing it reads back only those few kilobytes, never the tensors, so a save costs about the
+same as before; a load checks each record's CRC-32 and the SHA-256. A checkpoint from before the
+checksum loads with one warning line (its records' CRC-32s are still checked).
+
 Every command that needs a checkpoint's model goes through `load_model`: read the file
 (`load_checkpoint`), build its config, build the model, and load the weights with
 `load_model_state` (compile prefix stripped, every key and shape checked). Resuming a run loads
 the same way into the trainer's model (`Trainer.load_state_dict`).
 """
 
+import hashlib
+import io
 import os
 import re
+import struct
+import zipfile
+import zlib
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
 
 from vitmask.config import Config, config_from_dict
-from vitmask.errors import UserError
+from vitmask.errors import UserError, warn
 from vitmask.model.vit import MaskedPatchViT, build_model
-from vitmask.outputs import os_error_in, write_atomically, write_error
+from vitmask.outputs import check_not_a_link_loop, os_error_in, write_atomically, write_error
 
 FORMAT = "vitmask-checkpoint/1"
 COMPILE_PREFIX = "_orig_mod."  # what torch.compile's wrapper puts before every state-dict key
@@ -52,7 +66,111 @@ def save_checkpoint(state: dict[str, Any], path: str | Path) -> Path:
             "(the checkpoints already on disk are unchanged); lower train.lr, set train.grad_clip, or use "
             "train.precision=fp32"
         )
-    return write_atomically(path, lambda f: torch.save({"format": FORMAT, **state}, f), "checkpoint")
+    return write_atomically(path, lambda f: _save_with_checksum({"format": FORMAT, **state}, f), "checkpoint")
+
+
+def write_checkpoint_file(obj: dict[str, Any], path: str | Path) -> Path:
+    """Write `obj` as it is (no checks, no format marker added), atomically and with its checksum:
+    for tools and tests that build a checkpoint's dict by hand."""
+    return write_atomically(Path(path), lambda f: _save_with_checksum(obj, f), "checkpoint")
+
+
+# ---- the checksum -----------------------------------------------------------------------------
+CHECKSUM_MARK = b"vitmask-sha256:"  # the zip comment: this, then 64 hex digits
+CHECKSUM_TAIL = len(CHECKSUM_MARK) + 64
+END_RECORD = b"PK\x05\x06"  # the zip's end-of-central-directory record: 22 bytes, then the comment
+
+
+class ChecksumMismatch(ValueError):
+    """A checkpoint's bytes are not those it was written with; the message says where."""
+
+
+def _save_with_checksum(obj: dict[str, Any], f) -> None:
+    """torch.save `obj` into the open file `f`, then append the SHA-256 of its bytes outside the
+    records' data (module docstring) as the zip comment."""
+    torch.save(obj, f)
+    f.flush()
+    size = f.tell()
+    with open(f.name, "rb") as r:
+        r.seek(size - 22)
+        end = r.read(22)
+        if end[:4] != END_RECORD or end[-2:] != b"\x00\x00":  # not the layout torch writes: leave it unsigned
+            return
+        r.seek(0)
+        outside = _outside_records(r, size - 2)
+    digest = hashlib.sha256(outside + struct.pack("<H", CHECKSUM_TAIL) + CHECKSUM_MARK).hexdigest()
+    f.seek(size - 2)
+    f.write(struct.pack("<H", CHECKSUM_TAIL) + CHECKSUM_MARK + digest.encode())
+
+
+def _outside_records(f, end: int) -> bytes:
+    """Every byte of the zip file `f` before offset `end` that is not a record's data, in order:
+    the local headers, the data descriptors, the central directory and the end records."""
+    regions = sorted(_record_data(f))
+    kept, at = [], 0
+    for start, length, _, _ in regions:
+        f.seek(at)
+        kept.append(f.read(start - at))
+        at = start + length
+    f.seek(at)
+    kept.append(f.read(end - at))
+    return b"".join(kept)
+
+
+def _record_data(f) -> list[tuple[int, int, int, str]]:
+    """(offset, length, CRC-32, name) of each record's stored bytes in the zip file `f`."""
+    regions = []
+    for info in zipfile.ZipFile(f).infolist():
+        if info.compress_type != zipfile.ZIP_STORED:
+            raise ChecksumMismatch(f"record {info.filename} is compressed, which vitmask never writes")
+        f.seek(info.header_offset)
+        header = f.read(30)
+        if len(header) != 30 or header[:4] != b"PK\x03\x04":
+            raise ChecksumMismatch(f"the header of record {info.filename} is damaged")
+        name_len, extra_len = struct.unpack("<HH", header[26:30])
+        regions.append((info.header_offset + 30 + name_len + extra_len, info.compress_size, info.CRC, info.filename))
+    return regions
+
+
+def verify_checksum(data: bytes) -> bool:
+    """Check a checkpoint file's bytes: each record's CRC-32, and the SHA-256 of the rest where the
+    file has one. Returns whether it had one; raises ChecksumMismatch naming what changed."""
+    f = io.BytesIO(data)
+    try:
+        regions = _record_data(f)
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError, struct.error) as e:
+        if isinstance(e, ChecksumMismatch):
+            raise
+        raise ChecksumMismatch(f"its zip structure is damaged ({e})") from None
+    view = memoryview(data)
+    for start, length, crc, name in regions:
+        if start + length > len(data) or zlib.crc32(view[start : start + length]) != crc:
+            raise ChecksumMismatch(f"the bytes of record {name} changed")
+    if data[-22:-18] == END_RECORD and data[-2:] == b"\x00\x00":  # no zip comment: written before the checksum
+        return False
+    if data[-CHECKSUM_TAIL:-64] != CHECKSUM_MARK or data[-CHECKSUM_TAIL - 2 : -CHECKSUM_TAIL] != struct.pack(
+        "<H", CHECKSUM_TAIL
+    ):
+        raise ChecksumMismatch("its checksum record at the end of the file changed")
+    stored = bytes(data[-64:])
+    f.seek(0)
+    found = hashlib.sha256(_outside_records(f, len(data) - 64)).hexdigest().encode()
+    if found != stored:
+        raise ChecksumMismatch("its headers or record list changed (SHA-256 mismatch)")
+    return True
+
+
+_warned_unsigned: set[str] = set()
+
+
+def _warn_unsigned(path: Path) -> None:
+    """One warning line per file and process for a checkpoint written before the checksum."""
+    key = str(path.resolve()) if path.exists() else str(path)
+    if key not in _warned_unsigned:
+        _warned_unsigned.add(key)
+        warn(
+            f"checkpoint {path} has no checksum (written by an earlier vitmask); only its records' CRC-32s were checked"
+        )
 
 
 def first_non_finite(state: dict[str, Any]) -> str | None:
@@ -143,6 +261,7 @@ def plain_state_dict(state: dict[str, Any]) -> dict[str, Any]:
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
     """Read a vitmask checkpoint, or raise a UserError that says what is wrong with the file."""
     path = Path(path)
+    check_not_a_link_loop(path, "checkpoint")
     if path.is_dir():
         raise UserError(f"checkpoint {path} is a folder; pass a .pt file in it, such as {path / 'last.pt'}")
     if path.exists() and not path.is_file():
@@ -151,10 +270,19 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         raise UserError(f"checkpoint not found: {path}; pass the last.pt (or another .pt) of a vitmask run dir")
     try:
         with open(path, "rb") as f:
-            head = f.read(4)
-        if head != b"PK\x03\x04":  # torch.save's zip format, the only one vitmask writes
+            data = f.read()
+        if data[:4] != b"PK\x03\x04":  # torch.save's zip format, the only one vitmask writes
             raise ValueError("not a PyTorch zip file: empty, truncated at the start, or not a checkpoint")
-        state = torch.load(path, map_location=map_location, weights_only=True)
+        try:
+            signed = verify_checksum(data)
+        except ChecksumMismatch as e:
+            raise UserError(
+                f"checkpoint {path} is damaged: its bytes changed after it was written ({e}); it cannot be trusted; "
+                "use another checkpoint of the run (step_*.pt, best.pt) or a good copy"
+            ) from None
+        state = torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
+    except UserError:
+        raise
     except Exception as e:  # torch raises many types for a file that is not a safe checkpoint
         reason = str(e).strip().splitlines()[0] if str(e).strip() else e.__class__.__name__
         raise UserError(
@@ -170,6 +298,8 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         raise UserError(
             f"{path} is not a vitmask checkpoint (no '{FORMAT}' marker); pass a .pt written by vitmask train"
         )
+    if not signed:
+        _warn_unsigned(path)
     for key in ("model", "config"):
         if key not in state:
             raise UserError(
