@@ -565,3 +565,25 @@ def test_the_probe_is_fitted_on_train_and_tuned_on_val_only(monkeypatch):
     ]
     best = max(scores)
     assert first["l2"] == probe.L2_GRID[scores.index(best)] and first["val_linear_acc"] == best
+
+
+def test_a_run_that_fails_after_a_checkpoint_keeps_the_event_file_it_wrote(trained, tmp_path, capsys, monkeypatch):
+    import shutil
+
+    run = Path(shutil.copytree(trained, tmp_path / "run"))
+    before = set(files_of(run))
+    log = verbs.TensorBoardLogger.log
+
+    def full_at_step_8(self, metrics, step):
+        if step >= 8:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        log(self, metrics, step)
+
+    monkeypatch.setattr(verbs.TensorBoardLogger, "log", full_at_step_8)
+    line = one_error(capsys, "train", "--run-dir", run, "--resume", "auto", "--set", "train.max_steps=10")
+    assert "training stopped at step 8" in line and "(step 6), is intact" in line
+    new = {n: b for n, b in files_of(run).items() if n not in before}
+    events = [n for n in new if n.startswith("events.out.tfevents.")]
+    assert (
+        "step_0000006.pt" in new and events and all(len(new[n]) > 0 for n in events)
+    )  # what it logged before step 8 stays

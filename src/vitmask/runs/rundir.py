@@ -274,7 +274,6 @@ class RunDir:
         self._fd: int | None = None
         self._made: list[Path] = []  # folders this process created, outermost first
         self._before: set[str] = set()  # names in the dir before this process wrote anything
-        self._had_checkpoints = False  # the dir held checkpoints when this process entered it
 
     # -- entering ---------------------------------------------------------------------------
     def __enter__(self) -> "RunDir":
@@ -283,7 +282,6 @@ class RunDir:
             self._before = {p.name for p in self.path.iterdir()}
             self._refuse_links()
             self._lock()
-            self._had_checkpoints = has_checkpoints(self.path)
             if self.fresh:
                 self._check_fresh()
             remove_stale_temps(self.path)
@@ -402,7 +400,7 @@ class RunDir:
     # -- leaving ----------------------------------------------------------------------------
     def __exit__(self, kind, exc, tb) -> None:
         with _signals_held():  # a second Ctrl-C must not cut the clean-up short; it is delivered after
-            started = exc is not None and not self._had_checkpoints and not has_checkpoints(self.path)
+            started = exc is not None and not has_checkpoints(self.path)  # a start, fresh or forked
             try:
                 if started:
                     self._remove_own_files()
