@@ -82,18 +82,20 @@ def image_folder(root: Path, n: int = 12) -> Path:
 # ---- paths: every --out against every file read; links in the run dir ---------------------------------
 def test_an_out_naming_a_dataset_file_directly_or_through_a_link_is_refused(tmp_path, capsys):
     data = image_folder(tmp_path / "imgs", 40)
-    before = files_of(data)
+    (data / "deep").mkdir()
+    Image.fromarray(np.full((16, 16), 255, np.uint8)).save(data / "deep" / "x.png")  # read too: folders recurse
+    before = {**files_of(data), "deep": (data / "deep" / "x.png").read_bytes()}
     cfg = write_config(tmp_path / "c.yaml", {**SHORT, "data": {"source": "folder", "path": str(data), "batch_size": 8}})
     (tmp_path / "link.png").symlink_to(data / "3.png")
-    for out in (data / "0.png", tmp_path / "link.png", data / "new.png"):
+    for out in (data / "0.png", tmp_path / "link.png", data / "deep" / "x.png"):
         line = one_error(capsys, "preview", "--config", cfg, "--out", out)
-        assert f"--out {out} lies in the data folder {data}" in line
+        assert f"--out {out} is a file of the data folder {data}, which the command reads" in line
     named_png = write_config(tmp_path / "config.png")  # a config under a .png name: the --out would replace it
     assert "is the input file" in one_error(capsys, "preview", "--config", named_png, "--out", named_png)
     ckpt = tmp_path / "run"
     verbs.train(cfg, [], ckpt, None, "cpu")
     line = one_error(capsys, "reconstruct", "--checkpoint", ckpt / "last.pt", "--out", data / "5.png")
-    assert f"lies in the data folder {data}" in line
+    assert f"is a file of the data folder {data}" in line
     npz = tmp_path / "d.npz"
     np.savez(npz, images=np.zeros((20, 16, 16), np.uint8))
     line = one_error(
@@ -115,7 +117,9 @@ def test_an_out_naming_a_dataset_file_directly_or_through_a_link_is_refused(tmp_
         png_npz,
     )
     assert "is the input file" in line
-    assert files_of(data) == before
+    assert {**files_of(data), "deep": (data / "deep" / "x.png").read_bytes()} == before
+    code, _, err = run_main(capsys, "preview", "--config", cfg, "--out", data / "new.png")  # a new file is no input
+    assert code == 0, err
 
 
 def test_a_lock_or_an_own_file_that_is_a_symbolic_link_is_refused_and_its_target_untouched(tmp_path, capsys):

@@ -2,7 +2,7 @@
 
 `check_out_file` vets an output path before any work is done (a folder, a missing folder, a
 regular file where a folder is needed, a device or FIFO, the wrong suffix, a loop of symbolic
-links, an input it would overwrite, a place inside the dataset's folder; links followed), so a
+links, an input it would overwrite, a file of the dataset's folder; links followed), so a
 long eval never ends in an unwritable path and never writes over what it reads. `write_atomically` writes to a temp
 file beside the target, flushes it to disk, then `os.replace`s it over the target: a crash, a
 signal or a full disk mid-write leaves the old file (or none), never a 0-byte or partial one, and
@@ -149,7 +149,7 @@ def check_out_file(
 
     `suffixes` are the accepted endings (empty: any); `inputs` are files the command reads, which
     the output must not replace (links followed); `input_folders` are folders every file of which
-    the command reads (a dataset): the output must not lie inside one. With `make_folder`, the
+    the command reads (a dataset): the output must not be an existing file inside one. With `make_folder`, the
     folder may be missing (the writer creates it: `write_atomically(..., make_folder=True)`) if the
     nearest existing one is writable. A path that is a loop of symbolic links is refused.
     """
@@ -169,8 +169,8 @@ def check_out_file(
     for folder in input_folders:
         if folder is not None and _inside(path, Path(folder)):
             raise UserError(
-                f"{flag} {path} lies in the data folder {folder}, whose files the command reads; it would overwrite "
-                "or add to the dataset; write outside that folder"
+                f"{flag} {path} is a file of the data folder {folder}, which the command reads; it would be "
+                "overwritten; write to another path"
             )
     folder = path.parent
     if make_folder:  # the nearest folder that exists must take the new ones
@@ -205,14 +205,14 @@ def _same_file(a: Path, b: Path) -> bool:
 
 
 def _inside(path: Path, folder: Path) -> bool:
-    """Whether `path` (links followed, existing or not) is `folder` or lies under it."""
+    """Whether `path` (links followed) is an existing file under `folder`."""
     try:
-        if not folder.is_dir():
+        if not folder.is_dir() or not path.is_file():
             return False
         target, root = path.resolve(), folder.resolve()
     except (OSError, RuntimeError):
         return False
-    return target == root or root in target.parents
+    return root in target.parents
 
 
 def mute_stdout() -> None:
