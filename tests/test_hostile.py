@@ -309,6 +309,17 @@ def test_the_checksum_covers_every_byte_of_the_file(tmp_path):
     assert torch.equal(load_checkpoint(path)["model"]["w"], torch.arange(6.0))
 
 
+def test_the_checksum_is_the_same_from_the_kept_writes_and_from_the_file_read_back(trained, tmp_path, monkeypatch):
+    from vitmask.runs import checkpoint
+
+    state = load_checkpoint(trained / "last.pt")
+    state.pop("format")
+    kept = save_checkpoint(state, tmp_path / "kept.pt").read_bytes()
+    monkeypatch.setattr(checkpoint, "KEEP_BELOW", 0)  # nothing kept: the file is read back
+    read_back = save_checkpoint(state, tmp_path / "read.pt").read_bytes()
+    assert verify_checksum(kept) is True and verify_checksum(read_back) is True  # each digest checked anew
+
+
 def test_an_old_checkpoint_without_checksum_loads_with_one_warning(trained, tmp_path, capsys):
     data = (trained / "last.pt").read_bytes()
     old = data[: -CHECKSUM_TAIL - 2] + b"\x00\x00"  # the file torch.save wrote, before the comment
