@@ -367,6 +367,14 @@ def test_an_integer_too_large_for_its_field_is_one_line(tmp_path, capsys, key):
     assert f"config: {key} must be an integer in" in one_error(capsys, "count-params", "--config", deep)
 
 
+@pytest.mark.parametrize("key", ["train.lr", "data.val_fraction", "data.threshold"])
+def test_an_integer_past_the_largest_float_is_one_line(tmp_path, capsys, key):
+    line = one_error(capsys, "config", "--config", write_config(tmp_path / "c.yaml"), "--set", f"{key}={10**400}")
+    assert f"config: {key} must be a finite number, got a number of about 401 digits" in line
+    line = one_error(capsys, "config", "--config", tmp_path / "c.yaml", "--set", f"mask.block_aspect=[1, {10**400}]")
+    assert "mask.block_aspect must be a finite number" in line
+
+
 def test_a_token_conv_wider_than_the_grid_is_refused(tmp_path, capsys):
     cfg = write_config(tmp_path / "c.yaml")  # 16-pixel images of 2-pixel patches: an 8x8 grid
     assert "must be at most 2 * the grid's side - 1 (15)" in one_error(

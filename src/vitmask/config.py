@@ -476,6 +476,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             raise UserError(f"config: {key} must be a list of {len(args)} values, got {value!r}")
         return tuple(_coerce(v, a, key) for v, a in zip(value, args, strict=True))
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        if abs(value) > 2**1023:  # past the largest float
+            raise UserError(f"config: {key} must be a finite number, got {int_text(value)}")
         return float(value)
     if tp is float and isinstance(value, str):  # YAML 1.1 reads 3e-4 (no dot) as a string
         try:

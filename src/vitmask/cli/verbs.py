@@ -379,7 +379,6 @@ def preview(config: Path | None, overrides: list[str], out: Path, count: int, se
         )
         count = MAX_GRID_IMAGES
     check_seed(seed, "--seed")
-    check_out_file(out, make_folder=True)
     inputs = data_inputs(cfg)
     check_out_file(out, make_folder=True, inputs=(*inputs["inputs"], config), input_folders=inputs["input_folders"])
     check_fits(cfg, torch.device("cpu"), training=False, what="loading the data of")
