@@ -57,7 +57,14 @@ def check_seed(seed: int, key: str) -> None:
     """A seed torch, NumPy and Python can all take (a config's `seed`, or a CLI `--seed`)."""
     lo, hi = SEED_RANGE
     if not lo <= seed <= hi:
-        raise UserError(f"{key} must be an integer in [{lo}, {hi}], got {seed}")
+        raise UserError(f"{key} must be an integer in [{lo}, {hi}], got {int_text(seed)}")
+
+
+def int_text(value: int) -> str:
+    """An integer as text, or its size where it is too long to show (Python refuses past 4300 digits)."""
+    if -(10**40) < value < 10**40:
+        return str(value)
+    return f"a number of about {int(abs(value).bit_length() * 0.30103) + 1} digits"
 
 
 # The choices of each choice field: the one place a new choice is added (checked by `_choices`).
@@ -84,6 +91,12 @@ CompileMode = Literal["default", "reduce-overhead", "max-autotune"]  # torch.com
 StepShapes = Literal["auto", "static", "masked"]
 
 MAX_DEPTH = 1024  # blocks: far beyond any model this trainer is for, and quick to build and count
+
+# every other integer of a config fits torch's int64, so no size, count or step overflows a tensor's
+INT_RANGE = (-(2**63), 2**63 - 1)
+SEED_KEYS = ("seed", "data.split_seed")  # their range is SEED_RANGE
+MAX_YAML_DEPTH = 32  # nested sections, lists and maps in a config file (a real one has 3)
+MAX_CONFIG_BYTES = 1 << 20  # a config file's size (a real one is under 4 KiB)
 
 
 @dataclass(frozen=True)
@@ -123,6 +136,8 @@ class DataConfig:
             f"must be auto, true or false, got {self.on_device!r}",
         )
         _check("\x00" not in self.path, "data.path", "must not contain a NUL character")
+        if self.split_seed is not None:
+            check_seed(self.split_seed, "config: data.split_seed")
         for k in ("val_fraction", "test_fraction"):
             v = getattr(self, k)
             _check(0.0 < v < 1.0, f"data.{k}", f"must be in (0, 1), got {v}")
@@ -471,6 +486,12 @@ class Config:
             f"static needs model.decoder=none (the encoder of model.decoder={self.model.decoder} sees the "
             "N - M visible patches, a count that changes with M); use train.step_shapes=auto or masked",
         )
+        _check(
+            self.model.token_conv <= 2 * data.grid - 1,
+            "model.token_conv",
+            f"({self.model.token_conv}) must be at most 2 * the grid's side - 1 ({2 * data.grid - 1}): a larger "
+            "kernel reaches past every token and only adds zeros; pick a smaller odd size such as 3",
+        )
         if self.model.decoder != "none":
             _check(
                 self.mask.fill == "learned",
@@ -530,6 +551,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             raise UserError(f"config: {key} must be a list of {len(args)} values, got {value!r}")
         return tuple(_coerce(v, a, key) for v, a in zip(value, args, strict=True))
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        if abs(value) > 2**1023:  # past the largest float
+            raise UserError(f"config: {key} must be a finite number, got {int_text(value)}")
         return float(value)
     if tp is float and isinstance(value, str):  # YAML 1.1 reads 3e-4 (no dot) as a string
         try:
@@ -538,7 +561,16 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             pass
     if (tp is not bool and isinstance(value, bool)) or not isinstance(value, tp):
         raise UserError(f"config: {key} has the wrong type: got {value!r}, expected {_type_name(tp)}")
+    if tp is int and key not in SEED_KEYS:
+        _check_int_range(value, key)
     return value
+
+
+def _check_int_range(value: int, key: str) -> None:
+    """An integer torch can hold (seeds are checked against SEED_RANGE by their section)."""
+    lo, hi = INT_RANGE
+    if not lo <= value <= hi:
+        raise UserError(f"config: {key} must be an integer in [{lo}, {hi}], got {int_text(value)}")
 
 
 def _type_name(tp: Any) -> str:
@@ -574,7 +606,9 @@ def _parse_override(item: str) -> tuple[list[str], Any]:
     if not sep or not key:
         raise UserError(f"--set expects KEY=VALUE (for example --set train.lr=3e-4), got '{item}'")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = safe_load_limited(raw) if raw.strip() else ""
+    except YamlTooDeep as e:
+        raise UserError(f"--set {key}: {e}; give a plain value") from None
     except yaml.YAMLError:
         value = raw
     if key not in valid_keys():
@@ -617,13 +651,21 @@ def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> Confi
     if not path.is_file():
         raise UserError(f"config file not found: {path}; pass an existing YAML file, e.g. configs/default.yaml")
     try:
+        size = path.stat().st_size
+        if size > MAX_CONFIG_BYTES:
+            raise UserError(
+                f"config file {path} is {size:,} bytes, more than a config may be ({MAX_CONFIG_BYTES:,}); "
+                "pass the YAML config itself (a few sections of keys)"
+            )
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as e:
         raise UserError(
             f"cannot read config file {path}: {e.__class__.__name__}; check it is a readable text file"
         ) from None
     try:
-        raw = yaml.safe_load(text)
+        raw = safe_load_limited(text)
+    except YamlTooDeep as e:
+        raise UserError(f"bad YAML in {path}: {e}; a config is sections of keys and values") from None
     except yaml.YAMLError as e:
         where = getattr(e, "problem_mark", None)
         at = f" at line {where.line + 1}, column {where.column + 1}" if where else ""
@@ -645,6 +687,38 @@ def flatten_config(cfg: Config) -> dict[str, Any]:
         else:
             flat[key] = value
     return flat
+
+
+class YamlTooDeep(yaml.YAMLError):
+    """A YAML document nested deeper than MAX_YAML_DEPTH."""
+
+
+class _DepthLimitedLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing documents nested deeper than MAX_YAML_DEPTH: composing a node
+    recurses once per level, so a document thousands of levels deep would exhaust Python's stack."""
+
+    def compose_node(self, parent, index):
+        self._depth = getattr(self, "_depth", 0) + 1
+        try:
+            if self._depth > MAX_YAML_DEPTH:
+                mark = self.peek_event().start_mark
+                raise YamlTooDeep(
+                    f"nested more than {MAX_YAML_DEPTH} levels deep (at line {mark.line + 1}, column {mark.column + 1})"
+                )
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
+def safe_load_limited(text: str) -> Any:
+    """`yaml.safe_load` with a depth limit (`YamlTooDeep`, a YAMLError, beyond MAX_YAML_DEPTH)."""
+    loader = _DepthLimitedLoader(text)
+    try:
+        return loader.get_single_data()
+    except ValueError as e:  # an integer of more digits than Python converts (4300)
+        raise yaml.YAMLError(str(e).split(";")[0]) from None
+    finally:
+        loader.dispose()
 
 
 def dump_config(cfg: Config) -> str:

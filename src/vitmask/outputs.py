@@ -1,11 +1,13 @@
 """Every file vitmask writes outside a checkpoint's own logic goes through here: checked, atomic.
 
 `check_out_file` vets an output path before any work is done (a folder, a missing folder, a
-regular file where a folder is needed, a device or FIFO, the wrong suffix, an input it would
-overwrite), so a long eval never ends in an unwritable path. `write_atomically` writes to a temp
+regular file where a folder is needed, a device or FIFO, the wrong suffix, a loop of symbolic
+links, an input it would overwrite, a file of the dataset's folder; links followed), so a
+long eval never ends in an unwritable path and never writes over what it reads. `write_atomically` writes to a temp
 file beside the target, flushes it to disk, then `os.replace`s it over the target: a crash, a
 signal or a full disk mid-write leaves the old file (or none), never a 0-byte or partial one, and
-the temp file is removed on any failure.
+the temp file is removed on any failure. The temp file is created afresh with O_EXCL and
+O_NOFOLLOW (`open_new`), so a symbolic link planted under its name is never written through.
 
 A failed write raises `WriteError`, a `UserError` that says in one line what failed and why (the
 disk is full, the file system is read-only, permission denied, ...) and keeps the `errno`, so a
@@ -35,7 +37,9 @@ REASONS = {
     errno.ENOENT: "no such file or folder",
     errno.ENAMETOOLONG: "the file name is too long",
     errno.EIO: "an input/output error from the device",
+    errno.ELOOP: "a symbolic link where a file was expected, or a loop of links",
 }
+NO_FOLLOW = getattr(os, "O_NOFOLLOW", 0)  # open the link itself, never the file it points to
 
 
 class WriteError(UserError):
@@ -97,7 +101,7 @@ def write_atomically(
     try:
         if make_folder:
             path.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as f:
+        with open_new(tmp) as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
@@ -115,6 +119,16 @@ def write_atomically(
     return path
 
 
+def open_new(path: Path) -> BinaryIO:
+    """A new file at `path` for writing, opened without following a symbolic link: whatever stood
+    there (a temp file of a killed process, a link planted by someone else) is unlinked first, and
+    the open fails rather than write through a link created in between."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | NO_FOLLOW
+    return open(path, "wb", opener=lambda p, _: os.open(p, flags, 0o666))  # keeps its name (a library reads it)
+
+
 def write_bytes(path: str | Path, data: bytes, what: str = "") -> Path:
     return write_atomically(path, lambda f: f.write(data), what)
 
@@ -129,14 +143,18 @@ def check_out_file(
     suffixes: tuple[str, ...] = (".png",),
     inputs: tuple[str | Path | None, ...] = (),
     make_folder: bool = False,
+    input_folders: tuple[str | Path | None, ...] = (),
 ) -> Path:
     """Refuse an output path that cannot or must not be written, before any work is done.
 
     `suffixes` are the accepted endings (empty: any); `inputs` are files the command reads, which
-    the output must not replace. With `make_folder`, the folder may be missing (the writer
-    creates it: `write_atomically(..., make_folder=True)`) if the nearest existing one is writable.
+    the output must not replace (links followed); `input_folders` are folders every file of which
+    the command reads (a dataset): the output must not be an existing file inside one. With `make_folder`, the
+    folder may be missing (the writer creates it: `write_atomically(..., make_folder=True)`) if the
+    nearest existing one is writable. A path that is a loop of symbolic links is refused.
     """
     path = Path(path)
+    check_not_a_link_loop(path, flag)
     example = f"out{suffixes[0]}" if suffixes else "out.txt"
     if suffixes and path.suffix.lower() not in suffixes:
         kinds = " or ".join(suffixes)
@@ -148,6 +166,12 @@ def check_out_file(
     for source in inputs:
         if source is not None and _same_file(path, Path(source)):
             raise UserError(f"{flag} {path} is the input file {source}; it would be overwritten; write to another path")
+    for folder in input_folders:
+        if folder is not None and _inside(path, Path(folder)):
+            raise UserError(
+                f"{flag} {path} is a file of the data folder {folder}, which the command reads; it would be "
+                "overwritten; write to another path"
+            )
     folder = path.parent
     if make_folder:  # the nearest folder that exists must take the new ones
         folder = next(q for q in [folder, *folder.parents] if q.exists() or q == q.parent)
@@ -160,13 +184,35 @@ def check_out_file(
     return path
 
 
+def check_not_a_link_loop(path: str | Path, flag: str) -> None:
+    """Refuse a path that is a loop of symbolic links (or runs through one), in one line."""
+    try:
+        os.stat(path)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise UserError(
+                f"{flag} {path} is a loop of symbolic links (it never reaches a file); pass a plain file path"
+            ) from None
+
+
 def _same_file(a: Path, b: Path) -> bool:
     try:
         if a.exists() and b.exists():
             return os.path.samefile(a, b)
         return a.resolve() == b.resolve()
-    except OSError:
+    except (OSError, RuntimeError):  # RuntimeError: a loop of links (pathlib before 3.13)
         return False
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    """Whether `path` (links followed) is an existing file under `folder`."""
+    try:
+        if not folder.is_dir() or not path.is_file():
+            return False
+        target, root = path.resolve(), folder.resolve()
+    except (OSError, RuntimeError):
+        return False
+    return root in target.parents
 
 
 def mute_stdout() -> None:

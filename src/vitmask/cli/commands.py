@@ -390,6 +390,25 @@ def _flush_stdout() -> None:
         raise UserError(f"cannot write the output to stdout: {reason(e)}") from None
 
 
+def _check_std_streams() -> None:
+    """Refuse to start with stdout closed (`vitmask eval ... >&-`), where Python has no sys.stdout.
+
+    File descriptors 1 and 2, where closed, are first pointed at /dev/null, so that no file this
+    command opens (a checkpoint's temp file) takes their number and receives what is printed."""
+    closed = [fd for fd, stream in ((1, sys.stdout), (2, sys.stderr)) if stream is None]
+    for fd in closed:
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), fd)
+    if sys.stderr is None:
+        sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - for the life of the process
+    if sys.stdout is None:
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115
+        raise UserError(
+            "stdout is closed, so nothing this command prints could be read; run it with stdout open, "
+            "or send it to a file or to /dev/null (> out.txt, > /dev/null)"
+        )
+
+
 def _run_app(args: list[str]):
     """The parser and the command. A write to a closed stdout inside them (a command's print, `--help`)
     is a `BrokenPipeError` here, as it is in `_flush_stdout`, not the parser's own answer to it (exit 1)."""
@@ -408,6 +427,7 @@ def main(argv: list[str] | None = None) -> None:
             stream.reconfigure(errors="backslashreplace")
     try:
         with _signals_raise_stopped():
+            _check_std_streams()
             if not args:
                 names = ", ".join(c.name or c.callback.__name__ for c in app.registered_commands)
                 raise UsageError(f"no command given; use one of {names}")

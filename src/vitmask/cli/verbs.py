@@ -17,7 +17,7 @@ from vitmask.data.batches import SPLITS, eval_batches, load_labelled_splits, loa
 from vitmask.data.masking import centre_box_mask
 from vitmask.data.packed import PackedImages, spread
 from vitmask.data.preprocess import binarize_images, load_image_file
-from vitmask.errors import UserError
+from vitmask.errors import UserError, warn
 from vitmask.evaluate.likelihood import check_nll_args, nll_report
 from vitmask.evaluate.pictures import image_grid, paste_predictions, reconstruction_grid, save_binary_image, save_grid
 from vitmask.evaluate.probe import online_probe, run_probes
@@ -27,10 +27,15 @@ from vitmask.generate.sampling import DecodeOptions, decode_masked, sample_image
 from vitmask.model.memory_estimate import check_fits, check_model_fits
 from vitmask.model.params import ParamRow, param_rows
 from vitmask.model.vit import build_model
-from vitmask.outputs import check_out_file, reason, write_atomically, write_text
+from vitmask.outputs import check_not_a_link_loop, check_out_file, reason, write_atomically, write_text
 from vitmask.runs import export as exports
 from vitmask.runs import rundir
-from vitmask.runs.checkpoint import check_resumable, config_of, describe_load_failure, load_checkpoint
+from vitmask.runs.checkpoint import (
+    check_resumable,
+    config_of,
+    describe_load_failure,
+    load_checkpoint,
+)
 from vitmask.runs.export import load_model
 from vitmask.runtime import distributed
 from vitmask.runtime.memory import is_out_of_memory, out_of_memory
@@ -90,6 +95,7 @@ def _run(
     cfg, run_dir = plan.cfg, plan.run_dir
     data = load_data(cfg, device, load_labelled_splits)
     trainer = None
+    start = int(plan.state["step"]) if plan.state is not None else 0  # the step where this process begins
     try:
         probe = online_probe(cfg, data, device) if world.main else None
         logger = TensorBoardLogger(run_dir) if world.main else None
@@ -107,10 +113,10 @@ def _run(
             with contextlib.suppress(Exception):
                 trainer.close()
         if is_out_of_memory(e):
-            raise out_of_memory(e, device, f"training at step {trainer.step if trainer else 0}") from None
+            raise out_of_memory(e, device, f"training at step {trainer.step if trainer else start}") from None
         if isinstance(e, UserError) and not hasattr(e, "errno"):
             raise
-        failure = rundir.write_failure(e, run_dir, trainer.step if trainer else 0) if world.main else None
+        failure = rundir.write_failure(e, run_dir, trainer.step if trainer else start) if world.main else None
         if failure is None:
             raise
         raise failure from None
@@ -280,6 +286,7 @@ def reconstruct(
     check_grid_count(n, "--n", "images")
     check_out_file(out, inputs=(path,))
     model, cfg, device = open_model(path, device_name, seed, weights)
+    check_out_file(out, **data_inputs(cfg))
     images = load_data(cfg, device)[split][:n].to(device)
     ratio = cfg.mask.ratio if ratio is None else ratio
     batch = next(eval_batches(images, cfg, ratio, seed, len(images)))
@@ -319,6 +326,9 @@ def inpaint(
             f"--samples {samples} at --temperature 0 would give {samples} identical completions; "
             "pass --temperature 1 (or --order random, or --choice-temperature 4.5)"
         )
+    check_not_a_link_loop(image, "--image")
+    if mask_path is not None:
+        check_not_a_link_loop(mask_path, "--mask")
     check_out_file(out, inputs=(image, mask_path, path))
     model, cfg, device = open_model(path, device_name, seed, weights, loads_data=False)
     data = cfg.data
@@ -380,13 +390,32 @@ def count_params(config: Path | None, checkpoint: Path | None, overrides: list[s
     checkpoint's config, describes, `overrides` applied."""
     if (config is None) == (checkpoint is None):
         raise UserError("count-params needs exactly one of --config PATH or --checkpoint PATH")
-    cfg = exports.model_config(checkpoint, overrides) if checkpoint is not None else load_config(config, overrides)
+    if checkpoint is None:
+        cfg = load_config(config, overrides)
+        check_model_fits(cfg)
+        return param_rows(build_model(cfg))
+    check_model_fits(exports.model_config(checkpoint, []))
+    model, _, _ = load_model(checkpoint, "cpu", need_head=False)  # the weights must be the model its config describes
+    if not overrides:
+        return param_rows(model)
+    cfg = exports.model_config(checkpoint, overrides)
     check_model_fits(cfg)
     model = build_model(cfg)
-    if checkpoint is not None and exports.is_export_dir(checkpoint):
+    if exports.is_export_dir(checkpoint):
         if exports.read_export_config(Path(checkpoint))["encoder_only"]:
             exports.drop_prediction_head(model)
     return param_rows(model)
+
+
+def data_inputs(cfg: Config) -> dict[str, tuple[Path, ...]]:
+    """What a config's data source reads, as `check_out_file`'s `inputs` (a file: npz) and
+    `input_folders` (a folder whose files are the dataset: folder, idx, torchvision)."""
+    data = cfg.data
+    if data.source == "shapes":
+        return {"inputs": (), "input_folders": ()}
+    if data.source == "npz" or Path(data.path).is_file():
+        return {"inputs": (Path(data.path),), "input_folders": ()}
+    return {"inputs": (), "input_folders": (Path(data.path),)}
 
 
 def preview(config: Path | None, overrides: list[str], out: Path, count: int, seed: int) -> str:
@@ -394,9 +423,17 @@ def preview(config: Path | None, overrides: list[str], out: Path, count: int, se
     from vitmask.data.preview import format_stats, write_preview
 
     cfg = resolve_config(config, overrides)
-    check_grid_count(count, "--count", "images")
+    if count < 1:
+        raise UserError(f"--count must be at least 1 (images in the PNG grid), got {count}")
+    if count > MAX_GRID_IMAGES:
+        warn(
+            f"--count {count} is more than one PNG grid holds ({MAX_GRID_IMAGES} images; beyond, the grid alone "
+            f"takes gigabytes); showing {MAX_GRID_IMAGES}"
+        )
+        count = MAX_GRID_IMAGES
     check_seed(seed, "--seed")
-    check_out_file(out, make_folder=True)
+    inputs = data_inputs(cfg)
+    check_out_file(out, make_folder=True, inputs=(*inputs["inputs"], config), input_folders=inputs["input_folders"])
     check_fits(cfg, torch.device("cpu"), training=False, what="loading the data of")
     stats = write_preview(load_splits(cfg), cfg, out, count, seed)
     return format_stats(stats, cfg)

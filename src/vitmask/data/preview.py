@@ -17,7 +17,7 @@ from vitmask.config import Config
 from vitmask.data.batches import SPLITS, eval_batches
 from vitmask.data.masking import num_masked
 from vitmask.data.patches import class_counts, patch_label, patch_mask_to_pixels
-from vitmask.errors import UserError
+from vitmask.errors import UserError, warn
 from vitmask.outputs import write_atomically
 
 MASK_TINT = torch.tensor([0.2, 0.45, 1.0])  # masked patches: the pixel's gray level blended with this
@@ -96,6 +96,8 @@ def write_preview(splits: dict[str, torch.Tensor], cfg: Config, out: Path, count
     if count < 1:
         raise UserError(f"--count must be >= 1, got {count}")
     train = splits["train"]
+    if count > len(train):
+        warn(f"--count {count} is more than the {len(train)} training images; showing all {len(train)}")
     pick = torch.randperm(len(train), generator=torch.Generator().manual_seed(seed))[:count]
     grid = preview_grid(train[pick], cfg, seed, per_row=min(8, count))
     write_atomically(out, lambda f: save_image(grid, f), "--out", make_folder=True)

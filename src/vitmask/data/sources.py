@@ -317,6 +317,12 @@ def read_npz(cfg: DataConfig) -> tuple[dict[str, Raw], Labels]:
 
     path = _existing(cfg.path, "a .npz file holding an image array")
     try:
+        with open(path, "rb") as f:
+            if f.read(6) == b"\x93NUMPY":  # one array in .npy format, whatever the file's name
+                raise UserError(
+                    f"{path} is a single NumPy array (.npy), not an .npz archive; set data.source: npy to read it, "
+                    "or save the images with numpy.savez"
+                )
         with np.load(path, allow_pickle=False) as archive:
             if not hasattr(archive, "files"):
                 raise ValueError("a single array, not an archive")

@@ -48,6 +48,7 @@ from vitmask.model.vit import predict_every_patch
 
 MAX_CLASSES = 2**16  # the bound needs the model's softmax over every patch class: 4x4 patches at most
 MAX_ENUMERATED_PATCHES = 16  # enumerated_bound draws 2^N - 1 hidden sets per image
+MAX_NLL_DRAWS = 2**16  # strata x samples per image: one image's draws go through the model together
 LOGIT_BUDGET = 2**24  # logits (rows x N x C) per forward pass of the estimator: 64 MiB in float32
 
 
@@ -64,6 +65,12 @@ def check_nll_args(num_patches: int, num_classes: int, strata: int, samples: int
     if samples < 2:
         raise UserError(
             f"--nll-samples must be at least 2 (the standard error needs two draws per stratum), got {samples}"
+        )
+    if strata * samples > MAX_NLL_DRAWS:
+        raise UserError(
+            f"--nll-strata x --nll-samples ({strata} x {samples}) must be at most {MAX_NLL_DRAWS:,} draws per image "
+            "(one image's draws go through the model at once); the standard error falls only as 1/sqrt(draws): "
+            f"pass --nll-samples {max(2, MAX_NLL_DRAWS // strata)} or fewer"
         )
 
 

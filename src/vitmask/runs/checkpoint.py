@@ -15,23 +15,38 @@ resume. A file that is a vitmask checkpoint but damaged or of another version (m
 entries of the wrong type, a config this version cannot build) is refused with one line naming
 the entry (`check_resumable` for what a resume needs beyond the model and config).
 
+Every checkpoint carries a checksum, checked on every load (`verify_checksum`), so a file whose
+bytes changed after it was written (a flipped bit on disk, a bad copy, an edit) is refused in one
+line. torch.save writes a zip file whose records (the pickle and each tensor's bytes) already hold
+their CRC-32; the rest of the file (every header, the record list, the end record) is covered by a
+SHA-256 that vitmask stores in the zip's own comment field, which torch and every zip reader skip.
+The save hashes copies of torch's small writes (headers, record list) kept as they pass, never
+the tensors and without reading the file back, so it costs about the same as before; a load
+checks each record's CRC-32 and the SHA-256. A checkpoint from before the
+checksum loads with one warning line (its records' CRC-32s are still checked).
+
 Every command that needs a checkpoint's model goes through `load_model`: read the file
 (`load_checkpoint`), build its config, build the model, and load the weights with
 `load_model_state` (compile prefix stripped, every key and shape checked). Resuming a run loads
 the same way into the trainer's model (`Trainer.load_state_dict`).
 """
 
+import bisect
+import hashlib
+import io
 import os
 import re
+import struct
+import zlib
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
 
 from vitmask.config import Config, config_from_dict
-from vitmask.errors import UserError
+from vitmask.errors import UserError, warn
 from vitmask.model.vit import MaskedPatchViT, build_model
-from vitmask.outputs import os_error_in, write_atomically, write_error
+from vitmask.outputs import check_not_a_link_loop, open_new, os_error_in, write_atomically, write_error
 
 FORMAT = "vitmask-checkpoint/1"
 COMPILE_PREFIX = "_orig_mod."  # what torch.compile's wrapper puts before every state-dict key
@@ -52,7 +67,199 @@ def save_checkpoint(state: dict[str, Any], path: str | Path) -> Path:
             "(the checkpoints already on disk are unchanged); lower train.lr, set train.grad_clip, or use "
             "train.precision=fp32"
         )
-    return write_atomically(path, lambda f: torch.save({"format": FORMAT, **state}, f), "checkpoint")
+    return write_atomically(path, lambda f: _save_with_checksum({"format": FORMAT, **state}, f), "checkpoint")
+
+
+def write_checkpoint_file(obj: dict[str, Any], path: str | Path) -> Path:
+    """Write `obj` as it is (no checks, no format marker added), atomically and with its checksum:
+    for tools and tests that build a checkpoint's dict by hand."""
+    return write_atomically(Path(path), lambda f: _save_with_checksum(obj, f), "checkpoint")
+
+
+# ---- the checksum -----------------------------------------------------------------------------
+CHECKSUM_MARK = b"vitmask-sha256:"  # the zip comment: this, then 64 hex digits
+CHECKSUM_TAIL = len(CHECKSUM_MARK) + 64
+END_RECORD = b"PK\x05\x06"  # the zip's end-of-central-directory record: 22 bytes, then the comment
+
+
+class ChecksumMismatch(ValueError):
+    """A checkpoint's bytes are not those it was written with; the message says where."""
+
+
+KEEP_BELOW = 1 << 16  # writes of torch.save kept in memory: headers, descriptors, the record list, small tensors
+
+
+def _save_with_checksum(obj: dict[str, Any], f) -> None:
+    """torch.save `obj` into the open file `f`, then append the SHA-256 of its bytes outside the
+    records' data (module docstring) as the zip comment. The bytes hashed are copies of torch's
+    small writes, kept as they pass; only where one is missing is the file read back."""
+    tap = _KeepSmallWrites(f)
+    torch.save(obj, tap)
+    f.flush()
+    size = tap.at
+    try:
+        outside = _outside_records(tap.read, size, size - 22, size - 2)
+    except (KeyError, ChecksumMismatch):  # a layout the kept writes do not cover: read the file
+        with open(f.name, "rb") as r:
+            data = r.read(size)
+        if data[-22:-18] != END_RECORD or data[-2:] != b"\x00\x00":  # not torch's layout: leave it unsigned
+            return
+        outside = _outside_records(_reader(data), size, size - 22, size - 2)
+    digest = hashlib.sha256(outside + struct.pack("<H", CHECKSUM_TAIL) + CHECKSUM_MARK).hexdigest()
+    f.seek(size - 2)
+    f.write(struct.pack("<H", CHECKSUM_TAIL) + CHECKSUM_MARK + digest.encode())
+
+
+class _KeepSmallWrites:
+    """A file for torch.save that writes through to `f` and keeps a copy of each write shorter than
+    KEEP_BELOW bytes with its offset; `read(offset, n)` gives back kept bytes (KeyError: not kept)."""
+
+    def __init__(self, f):
+        self.f, self.at = f, 0
+        self.starts: list[int] = []
+        self.pieces: list[bytes] = []
+
+    def write(self, b) -> int:
+        n = len(b)
+        if n < KEEP_BELOW:
+            self.starts.append(self.at)
+            self.pieces.append(bytes(b))
+        self.f.write(b)
+        self.at += n
+        return n
+
+    def flush(self) -> None:
+        self.f.flush()
+
+    def read(self, offset: int, n: int) -> bytes:
+        i = bisect.bisect_right(self.starts, offset) - 1
+        out, at = [], offset
+        while n > 0:
+            if i < 0 or i >= len(self.starts) or not self.starts[i] <= at < self.starts[i] + len(self.pieces[i]):
+                raise KeyError(at)
+            part = self.pieces[i][at - self.starts[i] : at - self.starts[i] + n]
+            out.append(part)
+            at, n, i = at + len(part), n - len(part), i + 1
+        return b"".join(out)
+
+
+def _reader(data: bytes):
+    """`read(offset, n)` over a file's bytes; reading past the end is a damaged file."""
+
+    def read(offset: int, n: int) -> bytes:
+        if offset < 0 or offset + n > len(data):
+            raise ChecksumMismatch("its zip structure is damaged (an offset past the end of the file)")
+        return bytes(data[offset : offset + n])
+
+    return read
+
+
+def _outside_records(read, size: int, end_record: int, end: int) -> bytes:
+    """Every byte of a zip file of `size` bytes before offset `end` that is not a record's data, in
+    order: the local headers, the data descriptors, the record list and the end records.
+    `end_record` is the offset of the end-of-central-directory record."""
+    kept, at = [], 0
+    for start, length, _, _ in sorted(_record_data(read, size, end_record)):
+        kept.append(read(at, start - at))
+        at = start + length
+    kept.append(read(at, end - at))
+    return b"".join(kept)
+
+
+def _record_data(read, size: int, end_record: int) -> list[tuple[int, int, int, str]]:
+    """(offset, length, CRC-32, name) of the stored bytes of each record of a zip file, from its
+    central directory (zip64 where torch writes it) and each record's local header."""
+    try:
+        sig, _, _, _, count, cd_size, cd_offset, _ = struct.unpack("<4sHHHHIIH", read(end_record, 22))
+        if sig != END_RECORD:
+            raise ChecksumMismatch("its end record is damaged")
+        if 0xFFFF in (count,) or 0xFFFFFFFF in (cd_size, cd_offset):
+            locator = read(end_record - 20, 20)
+            if locator[:4] != b"PK\x06\x07":
+                raise ChecksumMismatch("its zip64 locator is damaged")
+            zip64 = read(struct.unpack_from("<Q", locator, 8)[0], 56)
+            if zip64[:4] != b"PK\x06\x06":
+                raise ChecksumMismatch("its zip64 end record is damaged")
+            count, cd_size, cd_offset = struct.unpack_from("<QQQ", zip64, 32)
+        if cd_offset + cd_size > size or count > cd_size // 46:
+            raise ChecksumMismatch("its record list is damaged")
+        cd = read(cd_offset, cd_size)
+        regions, at = [], 0
+        for _ in range(count):
+            regions.append(_one_record(read, cd, at))
+            at += 46 + sum(struct.unpack_from("<HHH", cd, at + 28))
+        return regions
+    except struct.error:
+        raise ChecksumMismatch("its zip structure is damaged (a record cut short)") from None
+
+
+def _one_record(read, cd: bytes, at: int) -> tuple[int, int, int, str]:
+    """The data region of the record whose central-directory entry starts at `cd[at]`."""
+    if cd[at : at + 4] != b"PK\x01\x02":
+        raise ChecksumMismatch("its record list is damaged")
+    method, crc, size, raw_size, name_len, extra_len = struct.unpack_from("<H4xIIIHH", cd, at + 10)
+    offset = struct.unpack_from("<I", cd, at + 42)[0]
+    name = cd[at + 46 : at + 46 + name_len].decode(errors="replace")
+    extra = cd[at + 46 + name_len : at + 46 + name_len + extra_len]
+    if 0xFFFFFFFF in (size, raw_size, offset):  # the real values are in the zip64 extra field, in this order
+        wide = _zip64_extra(extra)
+        raw_size = wide.pop(0) if raw_size == 0xFFFFFFFF else raw_size
+        size = wide.pop(0) if size == 0xFFFFFFFF else size
+        offset = wide.pop(0) if offset == 0xFFFFFFFF else offset
+    if method != 0 or size != raw_size:
+        raise ChecksumMismatch(f"record {name} is compressed, which vitmask never writes")
+    header = read(offset, 30)
+    if header[:4] != b"PK\x03\x04":
+        raise ChecksumMismatch(f"the header of record {name} is damaged")
+    local_name, local_extra = struct.unpack_from("<HH", header, 26)
+    return offset + 30 + local_name + local_extra, size, crc, name
+
+
+def _zip64_extra(extra: bytes) -> list[int]:
+    """The 8-byte values of the zip64 field (id 1) of a central-directory entry's extra data."""
+    at = 0
+    while at + 4 <= len(extra):
+        tag, n = struct.unpack_from("<HH", extra, at)
+        if tag == 1:
+            return [struct.unpack_from("<Q", extra, at + 4 + 8 * i)[0] for i in range(n // 8)]
+        at += 4 + n
+    raise ChecksumMismatch("its record list is damaged (no zip64 sizes)")
+
+
+def verify_checksum(data: bytes) -> bool:
+    """Check a checkpoint file's bytes: each record's CRC-32, and the SHA-256 of the rest where the
+    file has one. Returns whether it had one; raises ChecksumMismatch naming what changed."""
+    unsigned = data[-22:-18] == END_RECORD and data[-2:] == b"\x00\x00"  # no zip comment: before the checksum
+    if not unsigned and (
+        data[-CHECKSUM_TAIL:-64] != CHECKSUM_MARK
+        or data[-CHECKSUM_TAIL - 2 : -CHECKSUM_TAIL] != struct.pack("<H", CHECKSUM_TAIL)
+    ):
+        raise ChecksumMismatch("its checksum record at the end of the file changed")
+    end_record = len(data) - 22 - (0 if unsigned else CHECKSUM_TAIL)
+    read = _reader(data)
+    view = memoryview(data)
+    for start, length, crc, name in _record_data(read, len(data), end_record):
+        if start + length > len(data) or zlib.crc32(view[start : start + length]) != crc:
+            raise ChecksumMismatch(f"the bytes of record {name} changed")
+    if unsigned:
+        return False
+    found = hashlib.sha256(_outside_records(read, len(data), end_record, len(data) - 64)).hexdigest().encode()
+    if found != bytes(data[-64:]):
+        raise ChecksumMismatch("its headers or record list changed (SHA-256 mismatch)")
+    return True
+
+
+_warned_unsigned: set[str] = set()
+
+
+def _warn_unsigned(path: Path) -> None:
+    """One warning line per file and process for a checkpoint written before the checksum."""
+    key = str(path.resolve()) if path.exists() else str(path)
+    if key not in _warned_unsigned:
+        _warned_unsigned.add(key)
+        warn(
+            f"checkpoint {path} has no checksum (written by an earlier vitmask); only its records' CRC-32s were checked"
+        )
 
 
 def first_non_finite(state: dict[str, Any]) -> str | None:
@@ -105,7 +312,7 @@ def _link_atomically(src: Path, dst: Path) -> None:
         try:
             os.link(src, tmp)
         except OSError:
-            with open(tmp, "wb") as f:
+            with open_new(tmp) as f:  # never through a link planted under the temp name
                 f.write(src.read_bytes())
                 f.flush()
                 os.fsync(f.fileno())
@@ -134,6 +341,7 @@ def plain_state_dict(state: dict[str, Any]) -> dict[str, Any]:
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
     """Read a vitmask checkpoint, or raise a UserError that says what is wrong with the file."""
     path = Path(path)
+    check_not_a_link_loop(path, "checkpoint")
     if path.is_dir():
         raise UserError(f"checkpoint {path} is a folder; pass a .pt file in it, such as {path / 'last.pt'}")
     if path.exists() and not path.is_file():
@@ -142,10 +350,19 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         raise UserError(f"checkpoint not found: {path}; pass the last.pt (or another .pt) of a vitmask run dir")
     try:
         with open(path, "rb") as f:
-            head = f.read(4)
-        if head != b"PK\x03\x04":  # torch.save's zip format, the only one vitmask writes
+            data = f.read()
+        if data[:4] != b"PK\x03\x04":  # torch.save's zip format, the only one vitmask writes
             raise ValueError("not a PyTorch zip file: empty, truncated at the start, or not a checkpoint")
-        state = torch.load(path, map_location=map_location, weights_only=True)
+        try:
+            signed = verify_checksum(data)
+        except ChecksumMismatch as e:
+            raise UserError(
+                f"checkpoint {path} is damaged: its bytes changed after it was written ({e}); it cannot be trusted; "
+                "use another checkpoint of the run (step_*.pt, best.pt) or a good copy"
+            ) from None
+        state = torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
+    except UserError:
+        raise
     except Exception as e:  # torch raises many types for a file that is not a safe checkpoint
         reason = str(e).strip().splitlines()[0] if str(e).strip() else e.__class__.__name__
         raise UserError(
@@ -161,6 +378,8 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         raise UserError(
             f"{path} is not a vitmask checkpoint (no '{FORMAT}' marker); pass a .pt written by vitmask train"
         )
+    if not signed:
+        _warn_unsigned(path)
     for key in ("model", "config"):
         if key not in state:
             raise UserError(

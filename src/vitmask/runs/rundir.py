@@ -27,14 +27,20 @@ Owning the dir (`RunDir`, a context manager; under torchrun only rank 0 enters i
   process gets one line naming the holder's pid.
 - A fresh run needs a dir without checkpoints and without files of its own (only leftovers of
   an earlier vitmask start that wrote no checkpoint are allowed with `--resume auto`).
-- A fresh run that fails or is stopped before it wrote its first checkpoint removes every file
-  it made (config.yaml, event files, the lock, the dir if it made it), so the same command can
-  simply be run again. A resumed run never removes anything.
+- A run that fails or is stopped in a dir that held no checkpoint (a fresh start, or a resume
+  forked into a new --run-dir) before it wrote its first checkpoint removes every file it made
+  (config.yaml, event files, the lock, the dir if it made it), so the same command can simply be
+  run again. A run continued in a dir with checkpoints removes none of the run's files; only an
+  empty file it made itself (an event file a full disk left at 0 bytes) goes.
+- Links: the lock is opened with O_NOFOLLOW, and a symbolic link in place of a file vitmask
+  writes in the dir (the lock, config.yaml, a checkpoint, an event file) is refused before
+  anything is written, so no file elsewhere is ever written or removed through the run dir.
 - A full disk (or any failed write) during training ends in one line that says which file could
   not be written, where, and which checkpoint is intact (`write_failure`).
 """
 
 import contextlib
+import errno
 import os
 import signal
 import threading
@@ -45,9 +51,17 @@ from pathlib import Path
 from vitmask.config import Config, flatten_config, load_config
 from vitmask.errors import UserError, warn
 from vitmask.outputs import WriteError, os_error_in, reason, write_error
-from vitmask.runs.checkpoint import check_resumable, config_of, load_checkpoint, remove_stale_temps, step_files
+from vitmask.runs.checkpoint import (
+    STEP_FILE,
+    check_resumable,
+    config_of,
+    load_checkpoint,
+    remove_stale_temps,
+    step_files,
+)
 
 LOCK_NAME = ".vitmask.lock"
+NO_FOLLOW = getattr(os, "O_NOFOLLOW", 0)
 CHECKPOINT_NAMES = ("last.pt", "best.pt")
 # keys a resume may change: how long and how the run goes on, not what it learns from or how
 RESUMABLE = (
@@ -219,6 +233,16 @@ def new_run_id() -> str:
 
 
 # ---- owning the dir ---------------------------------------------------------------------------
+def _is_own_name(name: str) -> bool:
+    """A name vitmask writes in a run dir: the lock, config.yaml, checkpoints, event files, temps."""
+    return (
+        name in (LOCK_NAME, "config.yaml", *CHECKPOINT_NAMES)
+        or STEP_FILE.fullmatch(name) is not None
+        or name.startswith("events.out.tfevents.")
+        or ".tmp-" in name
+    )
+
+
 def _is_leftover(p: Path) -> bool:
     """Files an earlier vitmask start leaves without a checkpoint: its config, events, temps, lock."""
     n = p.name
@@ -247,6 +271,7 @@ class RunDir:
         self._make_dir()
         try:
             self._before = {p.name for p in self.path.iterdir()}
+            self._refuse_links()
             self._lock()
             if self.fresh:
                 self._check_fresh()
@@ -277,6 +302,16 @@ class RunDir:
             self._remove_made()
             raise UserError(f"run dir {p} is not writable (permission denied); pass a writable --run-dir")
 
+    def _refuse_links(self) -> None:
+        """Refuse a symbolic link where vitmask writes a file of its own (a write or the removal of
+        a failed start would otherwise reach the file it points to, or stand in for it)."""
+        for p in self.path.iterdir():
+            if p.is_symlink() and _is_own_name(p.name):
+                raise UserError(
+                    f"run dir {self.path}: {p.name} is a symbolic link (to {os.readlink(p)}), where vitmask writes "
+                    "a file of its own; remove the link, or pick another --run-dir"
+                )
+
     def _lock(self) -> None:
         try:
             import fcntl
@@ -285,8 +320,13 @@ class RunDir:
         lock = self.path / LOCK_NAME
         while True:
             try:
-                fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+                fd = os.open(lock, os.O_RDWR | os.O_CREAT | NO_FOLLOW, 0o644)
             except OSError as e:
+                if e.errno == errno.ELOOP:
+                    raise UserError(
+                        f"run dir {self.path}: {LOCK_NAME} is a symbolic link, where vitmask keeps its lock file; "
+                        "remove the link, or pick another --run-dir"
+                    ) from None
                 raise UserError(
                     f"run dir {self.path} is not writable ({reason(e)}); pass a writable --run-dir"
                 ) from None
@@ -303,14 +343,21 @@ class RunDir:
                 warn(f"cannot lock run dir {self.path} ({reason(e)}); make sure no other run writes there")
                 os.close(fd)
                 return
-            # the file locked must still be the one at the path (a process releasing it unlinks it)
+            # the file locked must still be the one at the path (a process releasing it unlinks it;
+            # anyone may have put a link there meanwhile: lstat sees the link, and the next open refuses it)
             try:
-                same = os.path.samestat(os.fstat(fd), os.stat(lock))
+                same = os.path.samestat(os.fstat(fd), os.lstat(lock))
             except FileNotFoundError:
                 same = False
             if not same:
                 os.close(fd)
                 continue
+            if os.fstat(fd).st_nlink != 1:  # a hard link to a file elsewhere: writing the pid would change it
+                os.close(fd)
+                raise UserError(
+                    f"run dir {self.path}: {LOCK_NAME} has other hard links, so it is not vitmask's own lock file; "
+                    "remove it, or pick another --run-dir"
+                )
             self._fd = fd
             try:
                 os.ftruncate(fd, 0)
@@ -344,26 +391,32 @@ class RunDir:
     # -- leaving ----------------------------------------------------------------------------
     def __exit__(self, kind, exc, tb) -> None:
         with _signals_held():  # a second Ctrl-C must not cut the clean-up short; it is delivered after
+            started = exc is not None and not has_checkpoints(self.path)  # a start, fresh or forked
             try:
-                if exc is not None and self.fresh and not has_checkpoints(self.path):
+                if started:
                     self._remove_own_files()
+                elif exc is not None:
+                    self._remove_own_files(empty_only=True)
             finally:
                 self._release()
-                if exc is not None and self.fresh:
+                if started:
                     self._remove_made()
 
-    def _remove_own_files(self) -> None:
-        """A fresh run that wrote no checkpoint: remove what it wrote, so the dir does not block a retry."""
+    def _remove_own_files(self, empty_only: bool = False) -> None:
+        """Remove the files this process made (`empty_only`: those left at 0 bytes), so a failed start
+        does not block a retry and a full disk leaves no empty file."""
         for p in self.path.iterdir():
-            if p.name not in self._before and p.name != LOCK_NAME and _is_leftover(p):
+            if p.name not in self._before and p.name != LOCK_NAME and _is_leftover(p) and not p.is_symlink():
                 with contextlib.suppress(OSError):
-                    p.unlink()
+                    if not empty_only or p.stat().st_size == 0:
+                        p.unlink()
 
     def _release(self) -> None:
         if self._fd is None:
             return
         with contextlib.suppress(OSError):
-            (self.path / LOCK_NAME).unlink()  # while still holding it: see _lock
+            if os.path.samestat(os.fstat(self._fd), os.lstat(self.path / LOCK_NAME)):  # still ours, not a stand-in
+                (self.path / LOCK_NAME).unlink()  # while still holding it: see _lock
         with contextlib.suppress(OSError):
             os.close(self._fd)
         self._fd = None
