@@ -29,7 +29,7 @@ PATTERNS = [
     # an item of a numbered list that is not in the repository
     ("item-number", re.compile(r"\bit[e]ms?\s+\d+", re.I)),
     # the design notes the project started from, by their number or as notes of a seed
-    ("seed-note", re.compile(r"\bse[e]d[\s_-]*0\d\d|\bse[e]d\s+notes?\b", re.I)),
+    ("seed-note", re.compile(r"(?<![A-Za-z])se[e]d[\s_-]*0\d\d|\bse[e]d\s+notes?\b", re.I)),
     # an earlier recipe spoken of by its place in time
     ("earlier-recipe", re.compile(r"\bthe\s+rec[i]pe\s+before\b", re.I)),
     # the present day as a point in the project's history

@@ -105,16 +105,23 @@ class RecordingLogger:
         pass
 
 
+def run_main(capsys, *args) -> tuple[int, str, str]:
+    """`vitmask ARGS` in this process: exit code, stdout, stderr."""
+    from vitmask.cli import commands
+
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:
+        commands.main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return exit_.value.code, out, err
+
+
 @pytest.fixture
 def run_cli_in_process(capsys):
     """Run `vitmask ARGS` in this process (no torch import per call); returns what `run_cli` would."""
-    from vitmask.cli import commands
 
     def run(*args) -> subprocess.CompletedProcess:
-        capsys.readouterr()
-        with pytest.raises(SystemExit) as exit_:
-            commands.main([str(a) for a in args])
-        out, err = capsys.readouterr()
-        return subprocess.CompletedProcess(args, exit_.value.code, out, err)
+        code, out, err = run_main(capsys, *args)
+        return subprocess.CompletedProcess(args, code, out, err)
 
     return run

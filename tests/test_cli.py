@@ -13,7 +13,7 @@ from vitmask.data.patches import classes_to_patches, patches_to_classes, patchif
 from vitmask.model.vit import build_model
 
 
-def test_count_params_prints_the_seed_table_and_total():
+def test_count_params_prints_the_table_with_the_notation_names_and_total():
     res = run_cli("count-params", "--config", ROOT / "configs" / "seed.yaml")
     assert res.returncode == 0, res.stderr
     lines = res.stdout.splitlines()

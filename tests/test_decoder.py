@@ -67,7 +67,7 @@ def test_cross_attention_equals_torch_multihead_attention_with_copied_weights(mo
     torch.testing.assert_close(ours(queries, memory), want, rtol=1e-5, atol=1e-5)
 
 
-def test_cross_attention_reproduces_seed_004_decoder_example_computed_by_hand():
+def test_cross_attention_reproduces_the_decoder_example_computed_by_hand():
     # the decoder step of docs/notation.md: y = [0.1, 0.2, 0.3, 0.4], two heads of width 2, its W^Q, W^K, W^V,
     # then its W^O. By hand: Q_1 = [0.5, 0.6], K_1 = [0.6, 0.7], V_1 = [0.7, 0.8];
     # Q_2 = [0.6, 0.7], K_2 = [0.7, 0.8], V_2 = [0.8, 0.9]; Q_1 K_1^T = 0.30 + 0.42 = 0.72 (the notes

@@ -23,7 +23,7 @@ import torch
 import yaml
 from PIL import Image
 
-from tests.conftest import ROOT, TINY, write_config
+from tests.conftest import ROOT, TINY, run_main, write_config
 from vitmask import outputs
 from vitmask.cli import commands, verbs
 from vitmask.config import config_from_dict, load_config
@@ -65,15 +65,6 @@ def one_line(err: str) -> str:
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert len(lines) == 1 and "Traceback" not in err, err
     return lines[0]
-
-
-def run_main(capsys, *args) -> tuple[int, str, str]:
-    """`vitmask ARGS` in process: exit code, stdout, stderr."""
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as exit_:
-        commands.main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    return exit_.value.code, out, err
 
 
 def user_error(capsys, *args) -> str:

@@ -21,8 +21,8 @@ import pytest
 import torch
 from PIL import Image
 
-from tests.conftest import ROOT, write_config
-from vitmask.cli import commands, verbs
+from tests.conftest import ROOT, run_main, write_config
+from vitmask.cli import verbs
 from vitmask.errors import UserError
 from vitmask.evaluate import likelihood, probe
 from vitmask.outputs import write_bytes
@@ -49,14 +49,6 @@ def trained(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("trained")
     run_dir, _ = verbs.train(write_config(root / "c.yaml", SHORT), [], root / "run", None, "cpu")
     return run_dir
-
-
-def run_main(capsys, *args) -> tuple[int, str, str]:
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as exit_:
-        commands.main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    return exit_.value.code, out, err
 
 
 def one_error(capsys, *args) -> str:

@@ -16,7 +16,7 @@ from vitmask.model.positions import apply_rope, gather_rope, rope_2d_angles
 from vitmask.model.vit import MaskedPatchViT, build_model
 
 
-def test_ffn_matches_seed_000_forward_and_backward():
+def test_ffn_matches_the_worked_example_forward_and_backward():
     # docs/notation.md, worked examples. W_2 and b_2 are not printed there; these are the ones consistent with its
     # Y: row 1 of W_2 follows from Y_1 - Y_2 = 2 * W_2[0], the rest is one valid choice.
     X = torch.tensor([[1.0, 0, 2, 1], [0, 1, 1, 0]])
@@ -42,7 +42,7 @@ def test_ffn_matches_seed_000_forward_and_backward():
     assert ffn.fc2.bias.grad.tolist() == [5, 4, 7, 2]
 
 
-def test_head_split_of_seed_000_q_example():
+def test_head_split_of_the_worked_q_example():
     Q = torch.tensor([[1.0, 2, 3, 4, 5, 6, 7, 8], [2, 1, 0, 1, 3, 3, 2, 2], [0, 1, 1, 0, 9, 8, 7, 6]])
     heads = split_heads(Q.unsqueeze(0), 2)  # (1, 2, 3, 4)
     assert heads.shape == (1, 2, 3, 4)

@@ -31,7 +31,7 @@ def test_table_rows_and_total_by_hand():
     assert rows["blocks.0.ffn.fc1.weight"] == ["16x8", "128", "A_1"]  # F x D
     assert rows["blocks.0.ffn.fc2.bias"] == ["8", "8", "b_2"]
     assert rows["head.weight"] == ["16x8", "128", "A_down"]  # C x D
-    assert rows["blocks.0.norm1.weight"] == ["8", "8"]  # not in the seed: no name
+    assert rows["blocks.0.norm1.weight"] == ["8", "8"]  # no symbol in the notation
     assert len(rows) == 19
     # pos N D + embed (D P + D) + block [2 norms 4 D, qkv 3 D^2 + 3 D, proj D^2 + D, FFN 2 F D + F + D]
     # + final norm 2 D + head (C D + C)

@@ -88,7 +88,7 @@ def test_hparams_are_every_config_key_beside_the_final_metrics():
     }
     assert hparams["seed"] == 3 and hparams["train.lr"] == 1e-3 and hparams["mask.ratio"] == 0.4
     assert hparams["mask.ratio_range"] == "None"  # TensorBoard takes no None: it becomes text
-    sections = {"train", "model", "mask", "data"}
+    sections = {"train", "model", "mask", "data", "finetune"}
     n_keys = sum(len(v) if k in sections else 1 for k, v in CFG.to_dict().items())
     assert len(hparams) == n_keys  # every key, none lost in the flattening
 

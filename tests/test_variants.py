@@ -15,7 +15,7 @@ from vitmask.model.positions import apply_rope, rope_2d_angles, sincos_2d
 from vitmask.model.vit import MaskedPatchViT
 
 
-def test_rmsnorm_is_seed_002_formula():
+def test_rmsnorm_is_the_written_out_formula():
     torch.manual_seed(0)
     norm = make_norm("rmsnorm", 6)
     with torch.no_grad():
@@ -148,7 +148,7 @@ def test_sincos2d_matches_mae_formula():
         torch.testing.assert_close(pos[n], torch.tensor(expected), rtol=1e-6, atol=1e-6)
 
 
-def test_rope_rotates_each_pair_by_the_seed_002_matrix():
+def test_rope_rotates_each_pair_by_its_rotation_matrix():
     torch.manual_seed(0)
     d, g = 8, 3
     angles = rope_2d_angles(d, g)  # (9, 4): pairs 0-1 follow the row, pairs 2-3 the column

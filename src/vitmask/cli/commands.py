@@ -26,6 +26,7 @@ except ImportError:  # pragma: no cover - depends on the installed typer
     from typer._click.exceptions import UsageError
 
 from vitmask import outputs
+from vitmask.cli import finetune as finetune_verb
 from vitmask.cli import verbs
 from vitmask.config import dump_config
 from vitmask.errors import Stopped, UserError
@@ -336,7 +337,7 @@ def finetune(
 ) -> None:
     """Train a classifier on the labels end to end: the checkpoint's encoder, a new head, pooled as
     finetune.pool says; then its test accuracy beside the from-scratch and linear-probe baselines."""
-    r = verbs.finetune(checkpoint, config, overrides, run_dir, resume, device, weights, baselines)
+    r = finetune_verb.finetune(checkpoint, config, overrides, run_dir, resume, device, weights, baselines)
     if as_json:
         print(json.dumps(r))
         return

@@ -31,10 +31,7 @@ from vitmask.outputs import check_not_a_link_loop, check_out_file, reason, write
 from vitmask.runs import export as exports
 from vitmask.runs import rundir
 from vitmask.runs.checkpoint import (
-    check_resumable,
-    config_of,
     describe_load_failure,
-    load_checkpoint,
 )
 from vitmask.runs.export import load_model
 from vitmask.runtime import distributed
@@ -75,7 +72,7 @@ def train(
         fresh = plan.state is None
         owner = rundir.RunDir(plan.run_dir, fresh, auto=resume == "auto") if world.main else contextlib.nullcontext()
         with owner, rundir.quiet_writer_threads():
-            val = _run(plan, device, world)
+            val = run_plan(plan, device, world)
         distributed.barrier(world)  # no rank tears the process group down while another still uses it
         return plan.run_dir, val
     finally:
@@ -86,7 +83,7 @@ def _masked_patch_trainer(cfg: Config, data, device: torch.device, **kwargs) -> 
     return Trainer(cfg, data.images, device, **kwargs)
 
 
-def _run(
+def run_plan(
     plan: rundir.Resolved, device: torch.device, world: distributed.World, make_trainer=_masked_patch_trainer
 ) -> dict[str, float]:
     """Load the data, build (and restore) the trainer (`make_trainer(cfg, labelled splits, device,
@@ -465,133 +462,6 @@ def probe_checkpoint(
 def export(path: Path, out: Path, weights: str | None = None, encoder_only: bool = False, onnx: bool = False) -> dict:
     """Write a checkpoint's model (or an export dir's) as an export dir (runs/export.py)."""
     return exports.export(path, out, weights, encoder_only, onnx)
-
-
-def finetune(
-    checkpoint: Path | None,
-    config: Path | None,
-    overrides: list[str],
-    run_dir: Path | None,
-    resume: str | None,
-    device_name: str,
-    weights: str | None = None,
-    baselines: bool = True,
-) -> dict:
-    """Fine-tune a classifier on the labels (train/finetune.py) in a run dir of its own, on the
-    trainer's loop; then its test accuracy beside the baselines at the same budget: the same
-    architecture from scratch and the linear probe of the pretrained checkpoint."""
-    from vitmask.train.finetune import FinetuneTrainer
-
-    world, device = distributed.init(resolve_device(device_name))
-    try:
-        plan, pretrained = _finetune_plan(checkpoint, config, overrides, run_dir, resume, weights)
-        check_fits(plan.cfg, device)
-        source = str(checkpoint) if checkpoint is not None else plan.state.get("pretrained")
-        made: dict = {}
-
-        def make_trainer(cfg, data, device, logger=None, world=None, probe=None):
-            encoder = pretrained.model.state_dict() if pretrained is not None else None
-            made["data"], made["trainer"] = data, FinetuneTrainer(cfg, data, device, encoder, logger, world, source)
-            return made["trainer"]
-
-        owner = rundir.RunDir(plan.run_dir, plan.state is None, auto=resume == "auto") if world.main else None
-        with owner or contextlib.nullcontext(), rundir.quiet_writer_threads():
-            _run(plan, device, world, make_trainer)
-        distributed.barrier(world)
-        trainer, data = made["trainer"], made["data"]
-        report = {
-            "run_dir": str(plan.run_dir),
-            "checkpoint": source,
-            "steps": trainer.step,
-            "test_images": len(data.images["test"]),
-            "finetuned": trainer.test_accuracy(data.images["test"]),
-        }
-        if baselines and world.main:
-            report.update(_finetune_baselines(plan.cfg, data, device, source, weights))
-        return report
-    finally:
-        distributed.shutdown()
-
-
-def _finetune_baselines(cfg: Config, data, device: torch.device, source: str | None, weights: str | None) -> dict:
-    """The same architecture fine-tuned from its random init at the same budget (no run dir), and the
-    linear probe of the pretrained checkpoint with the same pooling."""
-    from vitmask.train.finetune import FinetuneTrainer
-
-    print(f"baseline: the same classifier from a random init, {cfg.train.max_steps} steps", flush=True)
-    scratch = FinetuneTrainer(cfg, data, device)
-    scratch.fit(None, progress=False)
-    out = {"from_scratch": scratch.test_accuracy(data.images["test"])}
-    if source is not None and Path(source).exists():
-        model, pre_cfg, _ = load_model(source, device, weights, need_head=False)
-        pool = cfg.finetune.pool
-        grid = cfg.finetune.grid if pool == "grid" else None
-        probe = run_probes(model, pre_cfg, data, "test", None, 20, cfg.seed, pool, grid)
-        out["linear_probe"] = probe["results"]["model"]["linear_acc"]
-    return out
-
-
-def _finetune_plan(
-    checkpoint: Path | None,
-    config: Path | None,
-    overrides: list[str],
-    run_dir: Path | None,
-    resume: str | None,
-    weights: str | None,
-):
-    """What `vitmask finetune` runs: (rundir.Resolved, the pretrained model or None on resume).
-
-    A fresh run takes the data and training keys from `config` and the model from `checkpoint`
-    (its `model` and `mask` sections). A resume (`--resume PATH|auto`) continues a fine-tuning
-    checkpoint; only rundir.RESUMABLE keys may change."""
-    asked = load_config(config, overrides) if config is not None else None
-    if run_dir is None and asked is not None:
-        run_dir = Path("runs") / f"{asked.name}-finetune"
-    state = source = None
-    if resume == "auto":
-        if run_dir is None:
-            raise UserError("--resume auto needs --run-dir DIR, or --config PATH to name runs/<name>-finetune")
-        found = rundir.newest_good_checkpoint(Path(run_dir))
-        state, source = found if found is not None else (None, None)
-    elif resume is not None:
-        source = Path(resume)
-        state = load_checkpoint(source)
-        check_resumable(state, source)
-        run_dir = Path(run_dir) if run_dir is not None else source.parent
-        rundir.check_same_run(state, source, Path(run_dir))
-    if state is not None:
-        if state.get("task") != "finetune":
-            raise UserError(
-                f"checkpoint {source} is not a fine-tuning checkpoint (it was written by vitmask train); "
-                "pass it as --checkpoint to start a fine-tuning, or resume a run dir of vitmask finetune"
-            )
-        trained = config_of(state, source)
-        if asked is not None:
-            asked = dataclasses.replace(asked, model=trained.model, mask=trained.mask)
-        else:
-            asked = config_of(state, source, overrides)
-        changes = rundir.reconcile(trained, asked)
-        if asked.train.max_steps < state["step"]:
-            raise UserError(f"checkpoint {source} is at step {state['step']}, past train.max_steps; raise it")
-        return rundir.Resolved(Path(run_dir), asked, state, source, state.get("run_id"), changes), None
-    if checkpoint is None:
-        raise UserError("finetune needs --checkpoint PATH: the pretrained checkpoint or export dir to start from")
-    if asked is None:
-        raise UserError("no config given; pass --config PATH (the data and training keys, e.g. configs/finetune.yaml)")
-    pretrained = load_model(checkpoint, "cpu", weights, need_head=False)
-    _check_same_images(pretrained.config, asked, checkpoint)
-    cfg = dataclasses.replace(asked, model=pretrained.config.model, mask=pretrained.config.mask)
-    return rundir.Resolved(Path(run_dir), cfg, None, None, rundir.new_run_id(), []), pretrained
-
-
-def _check_same_images(trained: Config, asked: Config, checkpoint: Path) -> None:
-    a, b = trained.data, asked.data
-    if (a.image_size, a.patch_size) != (b.image_size, b.patch_size):
-        raise UserError(
-            f"checkpoint {checkpoint} was trained on {a.image_size}x{a.image_size} images in {a.patch_size}-pixel "
-            f"patches, but the config asks for {b.image_size}x{b.image_size} in {b.patch_size}-pixel patches; "
-            f"set data.image_size={a.image_size} and data.patch_size={a.patch_size}, or use a checkpoint of that size"
-        )
 
 
 def pack(config: Path | None, overrides: list[str], out: Path) -> dict:

@@ -4,12 +4,12 @@ totals, then the total. (The FLOP count lives in `flops.py`.)"""
 
 from torch import nn
 
-# the seed's names for the tensors of its model, shown beside ours
-SEED_NAMES = {
+# each tensor's symbol in docs/notation.md, shown beside our name
+NOTATION_NAMES = {
     "embed.weight": "A_up",
     "embed.bias": "b_up",
     "pos": "P",
-    "mask_token": "(learned mask embedding, not in the seed)",
+    "mask_token": "(learned mask embedding)",
     "attn.qkv.weight": "W_q, W_k, W_v",
     "attn.qkv.bias": "b_q, b_k, b_v",
     "attn.proj.weight": "W_O",
@@ -22,14 +22,14 @@ SEED_NAMES = {
 }
 
 
-ParamRow = tuple[str, tuple[int, ...], int, str]  # tensor name, shape, parameter count, the seed's name
+ParamRow = tuple[str, tuple[int, ...], int, str]  # tensor name, shape, parameter count, its symbol in docs/notation.md
 
 
 def param_rows(model: nn.Module) -> list[ParamRow]:
     rows = []
     for name, p in model.named_parameters():
         short = name.split(".", 2)[-1] if name.startswith("blocks.") else name
-        rows.append((name, tuple(p.shape), p.numel(), SEED_NAMES.get(short, "")))
+        rows.append((name, tuple(p.shape), p.numel(), NOTATION_NAMES.get(short, "")))
     return rows
 
 
@@ -40,9 +40,9 @@ def is_decoder_param(name: str) -> bool:
 
 def format_table(rows: list[ParamRow]) -> str:
     width = max(len(r[0]) for r in rows)
-    lines = [f"{'tensor':<{width}}  {'shape':<14} {'params':>12}  seed"]
-    for name, shape, n, seed in rows:
-        lines.append(f"{name:<{width}}  {'x'.join(map(str, shape)):<14} {n:>12,}  {seed}".rstrip())
+    lines = [f"{'tensor':<{width}}  {'shape':<14} {'params':>12}  notation"]
+    for name, shape, n, symbol in rows:
+        lines.append(f"{name:<{width}}  {'x'.join(map(str, shape)):<14} {n:>12,}  {symbol}".rstrip())
     total = sum(r[2] for r in rows)
     if any(r[0].startswith("decoder.") for r in rows):  # an encoder-decoder model: the two parts, then the total
         decoder = sum(r[2] for r in rows if is_decoder_param(r[0]))
