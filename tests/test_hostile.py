@@ -12,6 +12,7 @@ import errno
 import fcntl
 import math
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -602,3 +603,26 @@ def test_a_run_that_fails_after_a_checkpoint_keeps_the_event_file_it_wrote(train
     assert (
         "step_0000006.pt" in new and events and all(len(new[n]) > 0 for n in events)
     )  # what it logged before step 8 stays
+
+
+def test_a_disk_where_no_file_can_be_written_at_start_up_is_one_line(tmp_path):
+    """RLIMIT_FSIZE 0: every write fails as on a full disk, so torch's import finds no temporary directory."""
+    import resource
+
+    def no_writes():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG) instead of killing
+        resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHINDUCTOR")}  # torch looks for a temp dir
+    env["TMPDIR"] = str(tmp_path)
+    res = subprocess.run(
+        [sys.executable, "-m", "vitmask", "config", "--config", str(ROOT / "configs" / "default.yaml")],
+        preexec_fn=no_writes,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert res.returncode == 2 and len(lines) == 1 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    assert lines[0].startswith("vitmask: cannot start:") and "TMPDIR" in lines[0]

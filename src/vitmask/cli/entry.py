@@ -6,9 +6,14 @@ CLI installs its own handlers, a signal prints one line and exits 130 (SIGINT) o
 nothing has been read or written yet, so there is nothing to clean up. Once the command is over,
 the CLI ignores both signals (`commands._signals_raise_stopped`), so one during the interpreter's
 shut-down cannot turn a finished command into a silent death by signal.
+
+Importing torch also needs a writable temporary directory (its compile caches find one at import).
+On a full disk, or one where no file can be written, that import fails before any command runs:
+one line on stderr and exit code 2, as for any other bad start.
 """
 
 import signal
+import sys
 
 from vitmask.signals import early_stop
 
@@ -16,6 +21,14 @@ from vitmask.signals import early_stop
 def main() -> None:
     for s in (signal.SIGINT, signal.SIGTERM):
         signal.signal(s, early_stop)
-    from vitmask.cli.commands import main as cli_main
+    try:
+        from vitmask.cli.commands import main as cli_main
+    except OSError as e:  # torch's import found no usable temporary directory: a full disk, a read-only /tmp
+        from vitmask.outputs import reason
 
+        sys.stderr.write(
+            f"vitmask: cannot start: {reason(e)} while importing torch (it needs a writable temporary "
+            "directory); free disk space, or set TMPDIR to a writable folder with room, and run again\n"
+        )
+        sys.exit(2)
     cli_main()
