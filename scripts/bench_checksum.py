@@ -25,8 +25,8 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from vitmask.config import load_config  # noqa: E402
 from vitmask.model.vit import build_model  # noqa: E402
-from vitmask.runs import checkpoint  # noqa: E402
-from vitmask.runs.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
+from vitmask.store import checkpoint  # noqa: E402
+from vitmask.store.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
 
 
 def state_of(cfg) -> dict:

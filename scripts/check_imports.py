@@ -27,7 +27,7 @@ LAYERS = [
     {"model"},
     {"evaluate"},
     {"generate"},
-    {"runs"},
+    {"store"},
     {"train"},
     {"cli", "__main__"},
     {"__init__"},

@@ -30,8 +30,8 @@ from vitmask.evaluate.pictures import reconstruction_grid, save_binary_image, sa
 from vitmask.evaluate.scores import format_report
 from vitmask.generate.inpaint import fill_accuracy
 from vitmask.generate.sampling import DecodeOptions, decode_masked
-from vitmask.runs.checkpoint import load_model
 from vitmask.runtime.process import resolve_device
+from vitmask.store.checkpoint import load_model
 
 MARKER = "<!-- make_docs_images.py writes everything below this line -->"
 

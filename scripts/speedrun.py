@@ -24,8 +24,8 @@ sys.path.insert(0, str(ROOT / "src"))
 from vitmask.config import load_config  # noqa: E402
 from vitmask.data.batches import load_splits  # noqa: E402
 from vitmask.errors import UserError  # noqa: E402
-from vitmask.runs.checkpoint import save_checkpoint  # noqa: E402
 from vitmask.runtime.process import resolve_device  # noqa: E402
+from vitmask.store.checkpoint import save_checkpoint  # noqa: E402
 from vitmask.train.trainer import Trainer  # noqa: E402
 
 

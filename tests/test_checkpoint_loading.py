@@ -14,7 +14,7 @@ from vitmask.config import config_from_dict
 from vitmask.data.batches import load_splits
 from vitmask.errors import UserError
 from vitmask.model.vit import build_model
-from vitmask.runs.checkpoint import load_checkpoint, load_model
+from vitmask.store.checkpoint import load_checkpoint, load_model
 from vitmask.train.optim import build_optimizer, build_scheduler
 from vitmask.train.trainer import Trainer
 

@@ -100,3 +100,25 @@ def test_shipped_configs_are_what_the_readme_table_says():
     d, m = seed.data, seed.model
     assert (d.image_size, d.num_patches, m.hidden_dim, m.num_heads, m.ffn_dim) == (64, 1024, 128, 2, 512)
     assert (m.norm, m.qkv_bias, m.out_proj) == ("none", False, False)
+
+
+@pytest.mark.parametrize(
+    "override, needle",
+    [
+        ("train.compile_mode=fastest", "train.compile_mode must be one of default, reduce-overhead, max-autotune"),
+        ("train.step_shapes=dynamic", "train.step_shapes must be one of auto, static, masked"),
+        ("data.source=parquet", "data.source must be one of shapes, torchvision, idx, folder, npz, npy, packed"),
+        ("data.on_device=sometimes", "data.on_device has the wrong type: got 'sometimes'"),
+        ("finetune.pool=max", "finetune.pool must be one of mean, grid"),
+    ],
+)
+def test_a_value_outside_a_fields_choices_is_refused_naming_the_key_and_the_choices(override, needle):
+    with pytest.raises(UserError) as e:
+        config_from_dict({}, [override])
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_on_device_takes_auto_or_a_yaml_boolean():
+    assert config_from_dict({}, ["data.on_device=true"]).data.on_device is True
+    assert config_from_dict({}, ["data.on_device=false"]).data.on_device is False
+    assert config_from_dict({}).data.on_device == "auto"

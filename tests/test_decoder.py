@@ -21,7 +21,7 @@ from vitmask.model.layers import gather_tokens, split_heads
 from vitmask.model.params import format_table
 from vitmask.model.positions import apply_rope, gather_rope, rope_2d_angles
 from vitmask.model.vit import build_model
-from vitmask.runs.checkpoint import load_model, save_checkpoint
+from vitmask.store.checkpoint import load_model, save_checkpoint
 from vitmask.train.optim import param_groups
 
 DESIGNS = [

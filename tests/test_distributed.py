@@ -8,7 +8,7 @@ import torch
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
 from vitmask.cli import verbs
-from vitmask.runs.checkpoint import load_checkpoint
+from vitmask.store.checkpoint import load_checkpoint
 
 from .conftest import ROOT, run_cli, write_config
 

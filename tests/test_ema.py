@@ -10,7 +10,7 @@ from tests.conftest import TINY, RecordingLogger
 from vitmask.config import config_from_dict
 from vitmask.data.batches import load_splits
 from vitmask.errors import UserError
-from vitmask.runs.checkpoint import load_checkpoint
+from vitmask.store.checkpoint import load_checkpoint
 from vitmask.train.ema import WeightEMA, ema_decay_at
 from vitmask.train.trainer import Trainer
 

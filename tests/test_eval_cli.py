@@ -13,7 +13,7 @@ from PIL import Image
 from tests.conftest import assert_user_error, train_tiny
 from vitmask.data.batches import load_splits
 from vitmask.data.preprocess import binarize_images, load_image_file
-from vitmask.runs.checkpoint import load_model, save_checkpoint
+from vitmask.store.checkpoint import load_model, save_checkpoint
 
 
 @pytest.fixture

@@ -18,8 +18,8 @@ from vitmask.config import config_from_dict
 from vitmask.data.batches import load_splits
 from vitmask.data.patches import patchify
 from vitmask.model.vit import build_model
-from vitmask.runs.checkpoint import load_checkpoint, save_checkpoint
-from vitmask.runs.onnx_export import missing_onnx_packages
+from vitmask.store.checkpoint import load_checkpoint, save_checkpoint
+from vitmask.store.onnx_export import missing_onnx_packages
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -51,7 +51,7 @@ def test_load_pretrained_is_lazy_and_import_vitmask_loads_no_torch():
         [sys.executable, "-c", code], capture_output=True, text=True, env={"PYTHONPATH": str(ROOT / "src")}
     )
     assert res.returncode == 0, res.stderr
-    assert res.stdout.strip() == "vitmask.runs.export"
+    assert res.stdout.strip() == "vitmask.store.export"
 
 
 def test_an_export_holds_the_ema_weights_the_config_and_a_card_and_loads_without_pickle(

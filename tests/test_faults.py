@@ -33,8 +33,8 @@ from vitmask.data.preprocess import load_image_file
 from vitmask.errors import Stopped, UserError
 from vitmask.model import memory_estimate
 from vitmask.model.vit import build_model
-from vitmask.runs import rundir
-from vitmask.runs.checkpoint import load_checkpoint, save_checkpoint, write_checkpoint_file
+from vitmask.store import rundir
+from vitmask.store.checkpoint import load_checkpoint, save_checkpoint, write_checkpoint_file
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
 SHORT = {"train": {"max_steps": 4, "eval_every": 2, "checkpoint_every": 2, "log_every": 2}}

@@ -12,7 +12,7 @@ from vitmask.config import config_from_dict
 from vitmask.data.batches import load_labelled_splits
 from vitmask.evaluate.probe import pool_tokens
 from vitmask.model.vit import build_model
-from vitmask.runs.checkpoint import load_checkpoint
+from vitmask.store.checkpoint import load_checkpoint
 from vitmask.train.finetune import FinetuneTrainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -27,8 +27,8 @@ from vitmask.cli import verbs
 from vitmask.errors import UserError
 from vitmask.evaluate import likelihood, probe
 from vitmask.outputs import write_bytes
-from vitmask.runs import rundir
-from vitmask.runs.checkpoint import (
+from vitmask.store import rundir
+from vitmask.store.checkpoint import (
     CHECKSUM_TAIL,
     END_RECORD,
     ChecksumMismatch,
@@ -303,7 +303,7 @@ def test_the_checksum_covers_every_byte_of_the_file(tmp_path):
 
 
 def test_the_checksum_is_the_same_from_the_kept_writes_and_from_the_file_read_back(trained, tmp_path, monkeypatch):
-    from vitmask.runs import checkpoint
+    from vitmask.store import checkpoint
 
     state = load_checkpoint(trained / "last.pt")
     state.pop("format")

@@ -16,7 +16,7 @@ import torch
 from vitmask.config import load_config
 from vitmask.data.batches import load_splits
 from vitmask.errors import UserError
-from vitmask.runs.checkpoint import load_checkpoint
+from vitmask.store.checkpoint import load_checkpoint
 from vitmask.train.loggers import TensorBoardLogger
 from vitmask.train.trainer import Trainer
 

@@ -19,7 +19,7 @@ from vitmask.data.batches import LabelledSplits, load_labelled_splits
 from vitmask.data.patches import patchify
 from vitmask.errors import UserError
 from vitmask.evaluate import probe
-from vitmask.runs.checkpoint import load_checkpoint, load_model, save_checkpoint
+from vitmask.store.checkpoint import load_checkpoint, load_model, save_checkpoint
 from vitmask.train.trainer import Trainer
 
 CPU = torch.device("cpu")

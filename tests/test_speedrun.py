@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 from tests.conftest import ROOT, assert_user_error
-from vitmask.runs.checkpoint import load_checkpoint
+from vitmask.store.checkpoint import load_checkpoint
 
 SPEEDRUN = ROOT / "scripts" / "speedrun.py"
 

@@ -8,7 +8,7 @@ from tests.conftest import run_cli, write_config
 from tests.test_sources import run_inproc
 from vitmask.config import config_from_dict, load_config
 from vitmask.data.batches import load_splits
-from vitmask.runs.checkpoint import load_checkpoint
+from vitmask.store.checkpoint import load_checkpoint
 from vitmask.train.trainer import Trainer
 
 ONE = {"OMP_NUM_THREADS": "1"}  # one thread per process: on a small shared CPU box, two mostly wait on each other

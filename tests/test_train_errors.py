@@ -5,9 +5,9 @@ import torch
 
 from vitmask.config import config_from_dict
 from vitmask.errors import UserError
-from vitmask.runs.checkpoint import load_checkpoint
 from vitmask.runtime import distributed, process
 from vitmask.runtime.distributed import World
+from vitmask.store.checkpoint import load_checkpoint
 from vitmask.train.trainer import Trainer
 
 from .conftest import TINY, assert_user_error, run_cli, write_config

@@ -16,7 +16,7 @@ import torch
 from tests.conftest import TINY
 from vitmask.config import config_from_dict
 from vitmask.data.batches import load_splits
-from vitmask.runs.checkpoint import load_checkpoint
+from vitmask.store.checkpoint import load_checkpoint
 from vitmask.train.trainer import Trainer
 
 STEPS_BEFORE, STEPS_AFTER = 3, 3

@@ -14,11 +14,11 @@ from vitmask.config import Config, load_config
 from vitmask.errors import UserError
 from vitmask.evaluate.probe import run_probes
 from vitmask.model.memory_estimate import check_fits
-from vitmask.runs import rundir
-from vitmask.runs.checkpoint import check_resumable, config_of, load_checkpoint
-from vitmask.runs.export import load_model
 from vitmask.runtime import distributed
 from vitmask.runtime.process import resolve_device
+from vitmask.store import rundir
+from vitmask.store.checkpoint import check_resumable, config_of, load_checkpoint
+from vitmask.store.export import load_model
 
 
 def finetune(

@@ -28,15 +28,15 @@ from vitmask.model.memory_estimate import check_fits, check_model_fits
 from vitmask.model.params import ParamRow, param_rows
 from vitmask.model.vit import build_model
 from vitmask.outputs import check_not_a_link_loop, check_out_file, reason, write_atomically, write_text
-from vitmask.runs import export as exports
-from vitmask.runs import rundir
-from vitmask.runs.checkpoint import (
-    describe_load_failure,
-)
-from vitmask.runs.export import load_model
 from vitmask.runtime import distributed
 from vitmask.runtime.memory import is_out_of_memory, out_of_memory
 from vitmask.runtime.process import resolve_device
+from vitmask.store import export as exports
+from vitmask.store import rundir
+from vitmask.store.checkpoint import (
+    describe_load_failure,
+)
+from vitmask.store.export import load_model
 from vitmask.train.loggers import TensorBoardLogger
 from vitmask.train.trainer import Trainer
 
@@ -460,7 +460,7 @@ def probe_checkpoint(
 
 
 def export(path: Path, out: Path, weights: str | None = None, encoder_only: bool = False, onnx: bool = False) -> dict:
-    """Write a checkpoint's model (or an export dir's) as an export dir (runs/export.py)."""
+    """Write a checkpoint's model (or an export dir's) as an export dir (store/export.py)."""
     return exports.export(path, out, weights, encoder_only, onnx)
 
 

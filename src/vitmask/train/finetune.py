@@ -33,11 +33,11 @@ from vitmask.data.patches import patchify
 from vitmask.errors import UserError
 from vitmask.evaluate.probe import FEATURE_BATCH, check_classes, class_indices, pool_tokens, require_labels
 from vitmask.model.vit import MaskedPatchViT, build_model
-from vitmask.runs.checkpoint import check_model_state
-from vitmask.runs.export import drop_prediction_head
 from vitmask.runtime import distributed
 from vitmask.runtime.distributed import World
 from vitmask.runtime.process import autocast
+from vitmask.store.checkpoint import check_model_state
+from vitmask.store.export import drop_prediction_head
 from vitmask.train.optim import decays, lr_factor
 from vitmask.train.report import Reporter
 from vitmask.train.trainer import Trainer

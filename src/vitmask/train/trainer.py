@@ -32,11 +32,11 @@ from vitmask.data.batches import Batch, BatchSampler, training_images
 from vitmask.errors import UserError
 from vitmask.evaluate.metrics import MaskedPatchMetrics
 from vitmask.model.vit import build_model
-from vitmask.runs.checkpoint import load_model_state, load_optimizer_state
-from vitmask.runs.saving import Checkpointer
 from vitmask.runtime import distributed, process
 from vitmask.runtime.distributed import World
 from vitmask.signals import StopSignals, interrupted
+from vitmask.store.checkpoint import load_model_state, load_optimizer_state
+from vitmask.store.saving import Checkpointer
 from vitmask.train.divergence import DivergenceWatch
 from vitmask.train.ema import WeightEMA
 from vitmask.train.optim import build_optimizer, build_scheduler

@@ -51,7 +51,7 @@ from pathlib import Path
 from vitmask.config import Config, flatten_config, load_config
 from vitmask.errors import UserError, warn
 from vitmask.outputs import WriteError, os_error_in, reason, write_error
-from vitmask.runs.checkpoint import (
+from vitmask.store.checkpoint import (
     STEP_FILE,
     check_resumable,
     config_of,

@@ -36,8 +36,8 @@ from vitmask.config import Config, config_from_dict, dump_config
 from vitmask.errors import UserError
 from vitmask.model.vit import MaskedPatchViT, build_model
 from vitmask.outputs import write_error
-from vitmask.runs import checkpoint
-from vitmask.runs.checkpoint import LoadedModel
+from vitmask.store import checkpoint
+from vitmask.store.checkpoint import LoadedModel
 
 FORMAT = "vitmask-export/1"
 CONFIG_FILE = "config.json"
@@ -337,7 +337,7 @@ def write_export(model: nn.Module, cfg: Config, meta: dict[str, Any], out: Path,
     """Write the export dir `out` through a temp dir beside it, renamed into place; returns its files."""
     from safetensors.torch import save_file
 
-    from vitmask.runs.onnx_export import export_onnx
+    from vitmask.store.onnx_export import export_onnx
 
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -365,7 +365,7 @@ def export(
     path: str | Path, out: str | Path, weights: str | None = None, encoder_only: bool = False, onnx: bool = False
 ) -> dict[str, Any]:
     """`vitmask export`: a checkpoint (or an export dir) to the export dir `out`."""
-    from vitmask.runs.onnx_export import require_onnx
+    from vitmask.store.onnx_export import require_onnx
 
     path, out = Path(path), Path(out)
     check_weights(weights)

@@ -13,9 +13,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from vitmask.config import TrainConfig
-from vitmask.runs.checkpoint import save_checkpoint, write_run_checkpoint
 from vitmask.runtime import distributed
 from vitmask.runtime.distributed import World
+from vitmask.store.checkpoint import save_checkpoint, write_run_checkpoint
 
 
 class Checkpointer:
