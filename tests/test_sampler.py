@@ -63,6 +63,17 @@ def test_the_stream_runs_on_from_one_epoch_into_the_next():
     assert order.indices(5 * n + 7, 2).tolist() == order(5, torch.tensor([7, 8])).tolist()
 
 
+@pytest.mark.parametrize("block", [7, 64, 1 << 16])
+def test_indices_read_from_cached_blocks_equal_the_permutation_at_each_position(block, monkeypatch):
+    monkeypatch.setattr(EpochOrder, "BLOCK", block)  # small blocks: batches straddle blocks and epochs
+    n = 150
+    order = EpochOrder(n, seed=11)
+    want = torch.cat([EpochOrder(n, seed=11)(e, torch.arange(n)) for e in range(4)])  # (4n,) uncached
+    for start, count in [(0, 32), (140, 32), (7, 7), (6, 9), (290, 300), (3, 1), (0, 4 * n)]:
+        assert order.indices(start, count).tolist() == want[start : start + count].tolist()
+    assert order.indices(0, 5).tolist() == order.indices(0, 5).tolist()  # a cached block gives the same again
+
+
 def test_batches_cover_each_image_once_per_epoch():
     sampler = BatchSampler(numbered_images(96), cfg())  # 3 batches an epoch
     epochs = [sum((batch_indices(sampler.sample()) for _ in range(3)), []) for _ in range(2)]

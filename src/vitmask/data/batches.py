@@ -110,15 +110,22 @@ class EpochOrder:
     [0, 4^b); positions that land at or past n are walked through it again until they fall inside
     (cycle walking), which keeps it a bijection of [0, n). Every step is uint64 arithmetic in NumPy
     on the CPU (wrapping multiplication), the same on any machine and for any number of processes.
+
+    NumPy's cost is per call, not per element: a batch of 256 positions costs as much as 16,384.
+    `indices` therefore evaluates a whole block of `BLOCK` consecutive positions of an epoch at once
+    and keeps the last block; consecutive batches read from it. The block is a function of (seed,
+    epoch, block number) alone, so caching it changes no index.
     """
 
     ROUNDS = 6
+    BLOCK = 1 << 16  # positions of an epoch evaluated at once by `indices` (512 KiB of int64)
 
     def __init__(self, n: int, seed: int):
         self.n, self.seed = n, seed
         bits = max(2, (n - 1).bit_length())
         self.half = np.uint64((bits + 1) // 2)  # bits of each Feistel half
         self.low = np.uint64((1 << int(self.half)) - 1)
+        self._block: tuple[tuple[int, int], np.ndarray] | None = None  # ((epoch, block), its indices)
 
     def _round(self, r: np.ndarray, key: np.uint64) -> np.ndarray:
         t = (r ^ key) * np.uint64(0x9E3779B97F4A7C15)
@@ -146,18 +153,26 @@ class EpochOrder:
         """(k,) int64 positions in [0, n) of `epoch` -> (k,) int64 indices of the split."""
         return torch.from_numpy(self.permute(epoch, pos.numpy().astype(np.uint64)).astype(np.int64))
 
+    def block(self, epoch: int, block: int) -> np.ndarray:
+        """(<= BLOCK,) int64 indices at positions block * BLOCK .. of `epoch` (the last block is shorter)."""
+        cached = self._block  # one read: a prefetching thread may replace it meanwhile
+        if cached is None or cached[0] != (epoch, block):
+            first = block * self.BLOCK
+            pos = np.arange(first, min(first + self.BLOCK, self.n), dtype=np.uint64)
+            cached = ((epoch, block), self.permute(epoch, pos).astype(np.int64))
+            self._block = cached
+        return cached[1]
+
     def indices(self, start: int, count: int) -> torch.Tensor:
         """(count,) int64 split indices at global stream positions start .. start + count - 1."""
-        first, last = start // self.n, (start + count - 1) // self.n
-        if first == last:  # the common case: one epoch
-            pos = np.arange(start - first * self.n, start - first * self.n + count, dtype=np.uint64)
-            return torch.from_numpy(self.permute(first, pos).astype(np.int64))
-        q = np.arange(start, start + count, dtype=np.int64)
-        epochs = q // self.n
         out = np.empty(count, dtype=np.int64)
-        for e in range(first, last + 1):
-            here = epochs == e
-            out[here] = self.permute(e, (q[here] - e * self.n).astype(np.uint64)).astype(np.int64)
+        done = 0
+        while done < count:  # one pass per block touched: once for a batch inside a block
+            epoch, pos = divmod(start + done, self.n)
+            block, offset = divmod(pos, self.BLOCK)
+            take = min(count - done, self.n - pos, self.BLOCK - offset)
+            out[done : done + take] = self.block(epoch, block)[offset : offset + take]
+            done += take
         return torch.from_numpy(out)
 
 
