@@ -1,8 +1,10 @@
 """The training order: every epoch a seeded permutation of the train split (no index of its size),
-the sampler's state the step, exact resume across epoch boundaries, and the same global batches on
-any number of processes (2 gloo processes killed, resumed as 1, against an unbroken run)."""
+the sampler's state the step, exact resume across epoch boundaries, the same batches with the next
+one prefetched in a background thread, and the same global batches on any number of processes (2
+gloo processes killed, resumed as 1, against an unbroken run)."""
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -10,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -18,7 +21,9 @@ from tests.test_distributed import losses
 from vitmask.config import config_from_dict
 from vitmask.data.batches import BatchSampler, EpochOrder
 from vitmask.data.pack import pack
+from vitmask.data.packed import FORMAT, open_packed, pack_rows
 from vitmask.data.patches import unpatchify
+from vitmask.train.finetune import LabelledBatchSampler
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 BITS = 12  # images carry their own index in their first 12 pixels
@@ -109,6 +114,80 @@ def test_ranks_take_their_slices_of_the_same_global_batch():
         parts = [r.sample() for r in ranks]
         assert batch_indices(w) == batch_indices(parts[0]) + batch_indices(parts[1])
         assert torch.equal(w.mask, torch.cat([p.mask for p in parts]))
+
+
+def numbered_pack(root: Path, n: int):
+    """The train split of a packed directory holding numbered_images(n), read through its memory map."""
+    root.mkdir()
+    np.save(root / "rows.npy", pack_rows(numbered_images(n)))  # (n, 32)
+    splits = {"train": {"count": n, "start": 0}, **{k: {"count": 0, "start": n} for k in ("val", "test")}}
+    header = {"format": FORMAT, "count": n, "height": 16, "width": 16, "classes": None, "splits": splits}
+    (root / "header.json").write_text(json.dumps(header))
+    return open_packed(root).split("train")
+
+
+def same_batch(a, b) -> bool:
+    return torch.equal(a.patches, b.patches) and torch.equal(a.mask, b.mask) and torch.equal(a.ids, b.ids)
+
+
+def test_prefetched_batches_equal_the_batches_gathered_in_step_across_epochs_and_a_resume(tmp_path):
+    images = numbered_pack(tmp_path / "p", 80)  # 2.5 batches an epoch: batch 2 spans epochs 0 and 1
+    plain = BatchSampler(images, cfg(), prefetch=False)
+    want = [plain.sample() for _ in range(8)]
+    assert plain.step_images.prefetcher is None and BatchSampler(images, cfg()).step_images.prefetcher is None  # CPU
+    assert [batch_indices(w) for w in want] == [plain.order.indices(s * 32, 32).tolist() for s in range(8)]
+    ahead = BatchSampler(images, cfg(), prefetch=True)
+    resumed = BatchSampler(images, cfg(seed=5), prefetch=True)  # another run's seed: the state brings its own
+    try:
+        prefetcher = ahead.step_images.prefetcher
+        loads = []
+        load = prefetcher.load
+        prefetcher.load = lambda key: loads.append(key[1]) or load(key)
+        got = [ahead.sample() for _ in range(3)]
+        assert sorted(loads)[:3] == [0, 1, 2] and len(set(loads)) == len(loads)  # each gathered once (3: pending)
+        state = ahead.state_dict()  # batch 3 is being gathered in the background
+        resumed.sample()  # and this one prefetches batch 1 of its own (other) order
+        resumed.load_state_dict(state)
+        got += [resumed.sample() for _ in range(5)]
+        for s, (g, w) in enumerate(zip(got, want, strict=True)):
+            assert same_batch(g, w), s
+        for step in (1, 6, 2, 3):  # seeks back and forth: a batch prefetched for another step is never used
+            ahead.seek(step)
+            assert same_batch(ahead.sample(), want[step]), step
+        ahead.load_state_dict({"seed": 9, "step": 4})  # the pending batch 4 was of seed 1's order
+        other = BatchSampler(images, cfg(), prefetch=False)
+        other.load_state_dict({"seed": 9, "step": 4})
+        assert same_batch(ahead.sample(), other.sample())
+    finally:
+        ahead.close()
+        resumed.close()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: pinned memory and a non-blocking copy")
+def test_on_cuda_batches_from_the_memory_map_are_prefetched_through_pinned_memory(tmp_path):
+    images = numbered_pack(tmp_path / "p", 80).to("cuda")
+    ahead = BatchSampler(images, cfg())  # the default for a memory map and a CUDA device: prefetch
+    plain = BatchSampler(images, cfg(), prefetch=False)
+    try:
+        assert ahead.step_images.prefetcher is not None and images.gather(torch.arange(4)).is_pinned()
+        for step in range(6):
+            assert same_batch(ahead.sample(), plain.sample()), step
+    finally:
+        ahead.close()
+
+
+def test_prefetched_labelled_batches_equal_the_batches_gathered_in_step(tmp_path):
+    images = numbered_pack(tmp_path / "p", 80)
+    labels = torch.arange(80) % 7
+    plain = LabelledBatchSampler(images, labels, cfg(), prefetch=False)
+    ahead = LabelledBatchSampler(images, labels, cfg(), prefetch=True)
+    try:
+        for _ in range(6):
+            a, b = plain.sample(), ahead.sample()
+            assert torch.equal(a.patches, b.patches) and torch.equal(a.labels, b.labels)
+            assert (a.labels == torch.tensor(batch_indices(a)) % 7).all()  # each label its image's
+    finally:
+        ahead.close()
 
 
 def children(pid: int) -> list[int]:

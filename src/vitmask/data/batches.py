@@ -22,6 +22,7 @@ from vitmask.config import Config
 from vitmask.data import packed, shapes, sources
 from vitmask.data.masking import draw_mask, draw_num_masked, num_masked
 from vitmask.data.patches import patches_to_classes, patchify
+from vitmask.data.prefetch import StepImages
 from vitmask.errors import UserError
 
 SPLITS = ("train", "val", "test")
@@ -210,9 +211,13 @@ class BatchSampler:
     both seeded afresh from (seed, s). Every rank computes the same global batch (B indices and
     masks, cheap) and gathers only its own contiguous shard, so the ranks see disjoint images and
     a run resumed at step s on any number of processes sees the same global batches.
+
+    `prefetch` (prefetch.StepImages; default: on for a packed split gathered from its memory map
+    for a CUDA device) gathers batch s + 1's rows in a background thread while step s runs; the
+    batches are the same either way.
     """
 
-    def __init__(self, images, cfg: Config, rank: int = 0, world: int = 1):
+    def __init__(self, images, cfg: Config, rank: int = 0, world: int = 1, prefetch: bool | None = None):
         self.images = images
         self.patch_size = cfg.data.patch_size
         self.global_batch = cfg.data.batch_size
@@ -222,6 +227,7 @@ class BatchSampler:
         self.num_mask = num_masked(self.num_patches, cfg.mask.ratio)
         per_rank = self.global_batch // world
         self.shard = slice(rank * per_rank, (rank + 1) * per_rank)
+        self.step_images = StepImages(images, self.global_batch, self.shard, prefetch)
         self.seed = cfg.seed + 1
         self.order = EpochOrder(len(images), self.seed)
         self.generator = torch.Generator(device=images.device)
@@ -238,15 +244,17 @@ class BatchSampler:
         return draw_num_masked(self.mask_cfg, self.num_patches, self.count_generator)
 
     def sample(self) -> Batch:
-        dev = self.images.device
-        s = self.shard
-        idx = self.order.indices(self.step * self.global_batch, self.global_batch)[s]  # (b,) CPU int64
         m = self.next_num_mask()
         self.generator.manual_seed(mix64(self.seed, self.step, 1))
+        dev = self.images.device
         ids, mask = draw_mask(self.mask_cfg, self.global_batch, self.grid, m, self.generator, dev)  # (B, M), (B, N)
+        _, images = self.step_images(self.order, self.step)  # (b, H, W), this rank's shard
         self.step += 1
-        images = self.images[idx if isinstance(self.images, packed.PackedImages) else idx.to(dev)]  # (b, H, W)
-        return make_batch(images, self.patch_size, ids[s], mask[s])
+        return make_batch(images, self.patch_size, ids[self.shard], mask[self.shard])
+
+    def close(self) -> None:
+        """Stop the prefetching thread, if any."""
+        self.step_images.close()
 
     def position(self) -> tuple[int, int]:
         """(epoch, position in it) of the next batch's first image."""

@@ -228,18 +228,31 @@ class PackedImages:
             return pos + self.where[0]
         return np.asarray(self.where[pos], dtype=np.int64)
 
-    def _gather(self, pos: np.ndarray) -> np.ndarray:
-        """(k,) positions in the split -> (k, R) packed rows from the memory map."""
-        return np.take(self.rows, self._row_numbers(pos), axis=0)
+    def _gather(self, pos: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """(k,) positions in the split -> (k, R) packed rows from the memory map (into `out` if given)."""
+        return np.take(self.rows, self._row_numbers(pos), axis=0, out=out)
 
-    def packed(self, pos: torch.Tensor) -> torch.Tensor:
-        """(k,) int positions in the split -> (k, R) uint8 packed rows on the device."""
-        if torch.is_tensor(self.rows):
-            return self.rows[pos.to(self.rows.device)]
-        rows = torch.from_numpy(self._gather(pos.cpu().numpy()))  # (k, R)
-        if self.device.type == "cuda":
-            return rows.pin_memory().to(self.device, non_blocking=True)
-        return rows.to(self.device)
+    @property
+    def mapped(self) -> bool:
+        """Whether batches are gathered from the memory map (not from rows copied to the device)."""
+        return not torch.is_tensor(self.rows)
+
+    def gather(self, pos: torch.Tensor) -> torch.Tensor:
+        """(k,) int positions in the split -> (k, R) uint8 packed rows from the memory map, on the CPU:
+        in pinned memory when the split is unpacked on a CUDA device, ready for a non-blocking copy.
+        Thread-safe: only reads."""
+        pin = self.device.type == "cuda" and torch.cuda.is_available()
+        rows = torch.empty(len(pos), row_bytes(self.height, self.width), dtype=torch.uint8, pin_memory=pin)  # (k, R)
+        self._gather(pos.cpu().numpy(), out=rows.numpy())
+        return rows
+
+    def unpack(self, rows: torch.Tensor) -> torch.Tensor:
+        """(k, R) packed rows from `gather` -> (k, H, W) uint8 0/1 images on the device (NumPy's
+        unpackbits on the CPU, the fastest there; shifts and masks on a GPU, after a non-blocking copy)."""
+        if self.device.type == "cpu":
+            bits = np.unpackbits(rows.numpy(), axis=1, count=self.height * self.width)  # (k, H*W)
+            return torch.from_numpy(bits.reshape(len(bits), self.height, self.width))
+        return unpack_rows(rows.to(self.device, non_blocking=True), self.height, self.width)
 
     def __getitem__(self, key) -> torch.Tensor:
         n = len(self)
@@ -252,10 +265,9 @@ class PackedImages:
         else:
             pos = torch.as_tensor(key).long()
             pos = torch.where(pos < 0, pos + n, pos)
-        if self.device.type == "cpu" and not torch.is_tensor(self.rows):  # NumPy's unpackbits: the fastest on a CPU
-            bits = np.unpackbits(self._gather(pos.numpy()), axis=1, count=self.height * self.width)  # (k, H*W)
-            return torch.from_numpy(bits.reshape(len(bits), self.height, self.width))
-        return unpack_rows(self.packed(pos), self.height, self.width)  # (k, H, W)
+        if self.mapped:
+            return self.unpack(self.gather(pos))  # (k, H, W)
+        return unpack_rows(self.rows[pos.to(self.rows.device)], self.height, self.width)  # (k, H, W)
 
     def subset(self, pos: np.ndarray) -> "PackedImages":
         """The images at positions `pos` of the split, as a split of their own (no rows read)."""

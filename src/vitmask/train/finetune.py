@@ -28,8 +28,8 @@ from torch import nn
 
 from vitmask.config import Config, TrainConfig
 from vitmask.data.batches import EpochOrder, LabelledSplits
-from vitmask.data.packed import PackedImages
 from vitmask.data.patches import patchify
+from vitmask.data.prefetch import StepImages
 from vitmask.errors import UserError
 from vitmask.evaluate.probe import FEATURE_BATCH, check_classes, class_indices, pool_tokens, require_labels
 from vitmask.model.vit import MaskedPatchViT, build_model
@@ -96,13 +96,23 @@ class LabelledBatch:
 class LabelledBatchSampler:
     """Batches of a split's images and labels in the order of `EpochOrder` (as BatchSampler: batch s
     is the stream positions s * B .. s * B + B - 1, seeded by seed + 1); its state is the step, so a
-    resumed run sees the same batches. Every rank computes the same global batch and keeps its shard."""
+    resumed run sees the same batches. Every rank computes the same global batch and keeps its shard;
+    `prefetch` as BatchSampler's (prefetch.StepImages)."""
 
-    def __init__(self, images: torch.Tensor, labels: torch.Tensor, cfg: Config, rank: int = 0, world: int = 1):
+    def __init__(
+        self,
+        images: torch.Tensor,
+        labels: torch.Tensor,
+        cfg: Config,
+        rank: int = 0,
+        world: int = 1,
+        prefetch: bool | None = None,
+    ):
         self.images, self.labels = images, labels.to(images.device)
         self.patch_size, self.global_batch = cfg.data.patch_size, cfg.data.batch_size
         per_rank = self.global_batch // world
         self.shard = slice(rank * per_rank, (rank + 1) * per_rank)
+        self.step_images = StepImages(images, self.global_batch, self.shard, prefetch)
         self.seed = cfg.seed + 1
         self.order = EpochOrder(len(images), self.seed)
         self.step = 0  # batches drawn: the next batch is batch `step`
@@ -111,10 +121,12 @@ class LabelledBatchSampler:
         self.step = int(step)
 
     def sample(self) -> LabelledBatch:
-        idx = self.order.indices(self.step * self.global_batch, self.global_batch)[self.shard]  # (b,) CPU int64
+        idx, images = self.step_images(self.order, self.step)  # (b,) CPU int64, (b, H, W)
         self.step += 1
-        images = self.images[idx if isinstance(self.images, PackedImages) else idx.to(self.images.device)]  # (b, H, W)
         return LabelledBatch(patchify(images, self.patch_size).float(), self.labels[idx.to(self.labels.device)])
+
+    def close(self) -> None:
+        self.step_images.close()
 
     def state_dict(self) -> dict:
         return {"seed": self.seed, "step": self.step}

@@ -124,7 +124,7 @@ class Trainer:
         return optimizer, build_scheduler(optimizer, self.cfg.train)
 
     def build_sampler(self, train_images: torch.Tensor) -> BatchSampler:
-        """What draws the training batches (train_images on the device); it has state_dict and load_state_dict."""
+        """What draws the training batches (train_images on the device): state_dict, load_state_dict, close."""
         return BatchSampler(train_images, self.cfg, self.world.rank, self.world.size)
 
     def build_validator(self, splits: dict[str, torch.Tensor]) -> Validator:
@@ -304,4 +304,5 @@ class Trainer:
         raise interrupted(signum, self.step, checkpointer.run_dir, path)
 
     def close(self) -> None:
+        self.sampler.close()
         self.reporter.close()
