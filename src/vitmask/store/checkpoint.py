@@ -104,7 +104,7 @@ def _save_with_checksum(obj: dict[str, Any], f) -> None:
     with _mapped(f, size) as data:
         if data[size - 22 : size - 18] != END_RECORD or data[size - 2 : size] != b"\x00\x00":
             return  # not torch's layout: leave it unsigned (load then warns)
-        outside = _outside_records(data, size - 22, size - 2)
+        outside = _outside_records(data, _record_data(data, size - 22), size - 2)
     digest = hashlib.sha256(outside + struct.pack("<H", CHECKSUM_TAIL) + CHECKSUM_MARK).hexdigest()
     f.seek(size - 2)
     f.write(struct.pack("<H", CHECKSUM_TAIL) + CHECKSUM_MARK + digest.encode())
@@ -137,12 +137,12 @@ def _pread_all(fd: int, size: int) -> bytes:
     return b"".join(chunks)
 
 
-def _outside_records(data, end_record: int, end: int) -> bytes:
+def _outside_records(data, regions: list[tuple[int, int, int, int]], end: int) -> bytes:
     """Every byte of a zip file's bytes `data` (bytes or a memory map) before offset `end` that is
-    not a record's data, in order: the local headers, the data descriptors, the record list and
-    the end records. `end_record` is the offset of the end-of-central-directory record."""
+    not in one of the records' data `regions` (`_record_data`), in order: the local headers, the
+    data descriptors, the record list and the end records."""
     kept, at = [], 0
-    for start, length, _, _ in sorted(_record_data(data, end_record)):
+    for start, length, _, _ in sorted(regions):
         kept.append(data[at:start])
         at = start + length
     kept.append(data[at:end])
@@ -231,13 +231,14 @@ def verify_checksum(data: bytes) -> bool:
     ):
         raise ChecksumMismatch("its checksum record at the end of the file changed")
     end_record = len(data) - 22 - (0 if unsigned else CHECKSUM_TAIL)
+    regions = _record_data(data, end_record)
     view = memoryview(data)
-    for start, length, crc, entry in _record_data(data, end_record):
+    for start, length, crc, entry in regions:
         if zlib.crc32(view[start : start + length]) != crc:
             raise ChecksumMismatch(f"the bytes of record {_record_name(data, entry)} changed")
     if unsigned:
         return False
-    found = hashlib.sha256(_outside_records(data, end_record, len(data) - 64)).hexdigest().encode()
+    found = hashlib.sha256(_outside_records(data, regions, len(data) - 64)).hexdigest().encode()
     if found != bytes(data[-64:]):
         raise ChecksumMismatch("its headers or record list changed (SHA-256 mismatch)")
     return True
