@@ -108,7 +108,11 @@ def test_shipped_configs_are_what_the_readme_table_says():
         ("train.compile_mode=fastest", "train.compile_mode must be one of default, reduce-overhead, max-autotune"),
         ("train.step_shapes=dynamic", "train.step_shapes must be one of auto, static, masked"),
         ("data.source=parquet", "data.source must be one of shapes, torchvision, idx, folder, npz, npy, packed"),
-        ("data.on_device=sometimes", "data.on_device has the wrong type: got 'sometimes'"),
+        (
+            "data.on_device=sometimes",
+            "data.on_device has the wrong type: got 'sometimes', expected auto, true or false",
+        ),
+        ("train.compile=3", "train.compile has the wrong type: got 3, expected true or false"),
         ("finetune.pool=max", "finetune.pool must be one of mean, grid"),
     ],
 )

@@ -574,13 +574,21 @@ def _check_int_range(value: int, key: str) -> None:
 
 
 def _type_name(tp: Any) -> str:
+    """What a value of type `tp` may be, as written in YAML: `auto, true or false`, `int or null`."""
+    words = _type_words(tp)
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " or " + words[-1]
+
+
+def _type_words(tp: Any) -> list[str]:
     if typing.get_origin(tp) in (typing.Union, types.UnionType):
-        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+        return [w for a in typing.get_args(tp) for w in _type_words(a)]
     if typing.get_origin(tp) is Literal:
-        return " | ".join(map(str, typing.get_args(tp)))
+        return list(map(str, typing.get_args(tp)))
     if typing.get_origin(tp) is tuple:
-        return "[" + ", ".join(_type_name(a) for a in typing.get_args(tp)) + "]"
-    return "null" if tp is type(None) else tp.__name__
+        return ["[" + ", ".join(_type_name(a) for a in typing.get_args(tp)) + "]"]
+    if tp is bool:
+        return ["true", "false"]
+    return ["null" if tp is type(None) else tp.__name__]
 
 
 def _build(cls: type, values: dict[str, Any], prefix: str) -> Any:

@@ -120,12 +120,13 @@ def write_atomically(
 
 
 def open_new(path: Path) -> BinaryIO:
-    """A new file at `path` for writing, opened without following a symbolic link: whatever stood
-    there (a temp file of a killed process, a link planted by someone else) is unlinked first, and
-    the open fails rather than write through a link created in between."""
+    """A new file at `path` for writing (its descriptor can also read it back, as the checkpoint
+    checksum does), opened without following a symbolic link: whatever stood there (a temp file of
+    a killed process, a link planted by someone else) is unlinked first, and the open fails rather
+    than write through a link created in between."""
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | NO_FOLLOW
+    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | NO_FOLLOW  # readable: the checkpoint checksum reads it back
     return open(path, "wb", opener=lambda p, _: os.open(p, flags, 0o666))  # keeps its name (a library reads it)
 
 

@@ -20,10 +20,10 @@ bytes changed after it was written (a flipped bit on disk, a bad copy, an edit) 
 line. torch.save writes a zip file whose records (the pickle and each tensor's bytes) already hold
 their CRC-32; the rest of the file (every header, the record list, the end record) is covered by a
 SHA-256 that vitmask stores in the zip's own comment field, which torch and every zip reader skip.
-The save hashes copies of torch's small writes (headers, record list) kept as they pass, never
-the tensors and without reading the file back, so it costs about the same as before; a load
-checks each record's CRC-32 and the SHA-256. A checkpoint from before the
-checksum loads with one warning line (its records' CRC-32s are still checked).
+torch.save writes straight to the file; the save then maps the file into memory and hashes only
+its headers and record list, never the tensors' bytes, so it costs little more than torch.save. A
+load checks each record's CRC-32 and the SHA-256. A checkpoint from before the checksum loads with
+one warning line (its records' CRC-32s are still checked).
 
 Every command that needs a checkpoint's model goes through `load_model`: read the file
 (`load_checkpoint`), build its config, build the model, and load the weights with
@@ -31,9 +31,10 @@ Every command that needs a checkpoint's model goes through `load_model`: read th
 the same way into the trainer's model (`Trainer.load_state_dict`).
 """
 
-import bisect
+import contextlib
 import hashlib
 import io
+import mmap
 import os
 import re
 import struct
@@ -86,133 +87,127 @@ class ChecksumMismatch(ValueError):
     """A checkpoint's bytes are not those it was written with; the message says where."""
 
 
-KEEP_BELOW = 1 << 16  # writes of torch.save kept in memory: headers, descriptors, the record list, small tensors
+READ_CHUNK = 1 << 30  # one read of a file that cannot be mapped (a single read returns at most about 2 GiB)
+_END = struct.Struct("<4sHHHHIIH")  # end-of-central-directory record, without its comment
+_ENTRY = struct.Struct("<4s6xH4xIIIHHH8xI")  # central-directory entry: method, CRC, sizes, lengths, offset
+_LOCAL = struct.Struct("<4s22xHH")  # local header: its name and extra lengths
 
 
 def _save_with_checksum(obj: dict[str, Any], f) -> None:
     """torch.save `obj` into the open file `f`, then append the SHA-256 of its bytes outside the
-    records' data (module docstring) as the zip comment. The bytes hashed are copies of torch's
-    small writes, kept as they pass; only where one is missing is the file read back."""
-    tap = _KeepSmallWrites(f)
-    torch.save(obj, tap)
+    records' data (module docstring) as the zip comment. torch.save writes straight to `f`; the
+    bytes hashed are read back from the file, mapped into memory, so only the pages that hold
+    headers and the record list are read, never the tensors."""
+    torch.save(obj, f)
     f.flush()
-    size = tap.at
-    try:
-        outside = _outside_records(tap.read, size, size - 22, size - 2)
-    except (KeyError, ChecksumMismatch):  # a layout the kept writes do not cover: read the file
-        with open(f.name, "rb") as r:
-            data = r.read(size)
-        if data[-22:-18] != END_RECORD or data[-2:] != b"\x00\x00":  # not torch's layout: leave it unsigned
-            return
-        outside = _outside_records(_reader(data), size, size - 22, size - 2)
+    size = f.tell()
+    with _mapped(f, size) as data:
+        if data[size - 22 : size - 18] != END_RECORD or data[size - 2 : size] != b"\x00\x00":
+            return  # not torch's layout: leave it unsigned (load then warns)
+        outside = _outside_records(data, _record_data(data, size - 22), size - 2)
     digest = hashlib.sha256(outside + struct.pack("<H", CHECKSUM_TAIL) + CHECKSUM_MARK).hexdigest()
     f.seek(size - 2)
     f.write(struct.pack("<H", CHECKSUM_TAIL) + CHECKSUM_MARK + digest.encode())
 
 
-class _KeepSmallWrites:
-    """A file for torch.save that writes through to `f` and keeps a copy of each write shorter than
-    KEEP_BELOW bytes with its offset; `read(offset, n)` gives back kept bytes (KeyError: not kept)."""
-
-    def __init__(self, f):
-        self.f, self.at = f, 0
-        self.starts: list[int] = []
-        self.pieces: list[bytes] = []
-
-    def write(self, b) -> int:
-        n = len(b)
-        if n < KEEP_BELOW:
-            self.starts.append(self.at)
-            self.pieces.append(bytes(b))
-        self.f.write(b)
-        self.at += n
-        return n
-
-    def flush(self) -> None:
-        self.f.flush()
-
-    def read(self, offset: int, n: int) -> bytes:
-        i = bisect.bisect_right(self.starts, offset) - 1
-        out, at = [], offset
-        while n > 0:
-            if i < 0 or i >= len(self.starts) or not self.starts[i] <= at < self.starts[i] + len(self.pieces[i]):
-                raise KeyError(at)
-            part = self.pieces[i][at - self.starts[i] : at - self.starts[i] + n]
-            out.append(part)
-            at, n, i = at + len(part), n - len(part), i + 1
-        return b"".join(out)
+@contextlib.contextmanager
+def _mapped(f, size: int):
+    """The first `size` bytes of the open file `f` (opened for reading too, as `open_new` does), as
+    a read-only memory map; read into memory where the file system cannot map it."""
+    try:
+        data = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ)
+    except (OSError, ValueError):
+        yield _pread_all(f.fileno(), size)
+        return
+    try:
+        yield data
+    finally:
+        data.close()
 
 
-def _reader(data: bytes):
-    """`read(offset, n)` over a file's bytes; reading past the end is a damaged file."""
+def _pread_all(fd: int, size: int) -> bytes:
+    """The first `size` bytes of the file open as `fd`, read without moving its position."""
+    chunks, at = [], 0
+    while at < size:
+        chunk = os.pread(fd, min(size - at, READ_CHUNK), at)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        at += len(chunk)
+    return b"".join(chunks)
 
-    def read(offset: int, n: int) -> bytes:
-        if offset < 0 or offset + n > len(data):
-            raise ChecksumMismatch("its zip structure is damaged (an offset past the end of the file)")
-        return bytes(data[offset : offset + n])
 
-    return read
-
-
-def _outside_records(read, size: int, end_record: int, end: int) -> bytes:
-    """Every byte of a zip file of `size` bytes before offset `end` that is not a record's data, in
-    order: the local headers, the data descriptors, the record list and the end records.
-    `end_record` is the offset of the end-of-central-directory record."""
+def _outside_records(data, regions: list[tuple[int, int, int, int]], end: int) -> bytes:
+    """Every byte of a zip file's bytes `data` (bytes or a memory map) before offset `end` that is
+    not in one of the records' data `regions` (`_record_data`), in order: the local headers, the
+    data descriptors, the record list and the end records."""
     kept, at = [], 0
-    for start, length, _, _ in sorted(_record_data(read, size, end_record)):
-        kept.append(read(at, start - at))
+    for start, length, _, _ in sorted(regions):
+        kept.append(data[at:start])
         at = start + length
-    kept.append(read(at, end - at))
+    kept.append(data[at:end])
     return b"".join(kept)
 
 
-def _record_data(read, size: int, end_record: int) -> list[tuple[int, int, int, str]]:
-    """(offset, length, CRC-32, name) of the stored bytes of each record of a zip file, from its
-    central directory (zip64 where torch writes it) and each record's local header."""
+def _record_data(data, end_record: int) -> list[tuple[int, int, int, int]]:
+    """(offset, length, CRC-32, central-directory offset) of the stored bytes of each record of a
+    zip file's bytes `data`, from its central directory (zip64 where torch writes it) and each
+    record's local header (`_record_name` gives a record's name from the last field)."""
+    size = len(data)
     try:
-        sig, _, _, _, count, cd_size, cd_offset, _ = struct.unpack("<4sHHHHIIH", read(end_record, 22))
+        sig, _, _, _, count, cd_size, cd_offset, _ = _END.unpack(_read(data, end_record, 22))
         if sig != END_RECORD:
             raise ChecksumMismatch("its end record is damaged")
         if 0xFFFF in (count,) or 0xFFFFFFFF in (cd_size, cd_offset):
-            locator = read(end_record - 20, 20)
+            locator = _read(data, end_record - 20, 20)
             if locator[:4] != b"PK\x06\x07":
                 raise ChecksumMismatch("its zip64 locator is damaged")
-            zip64 = read(struct.unpack_from("<Q", locator, 8)[0], 56)
+            zip64 = _read(data, struct.unpack_from("<Q", locator, 8)[0], 56)
             if zip64[:4] != b"PK\x06\x06":
                 raise ChecksumMismatch("its zip64 end record is damaged")
             count, cd_size, cd_offset = struct.unpack_from("<QQQ", zip64, 32)
         if cd_offset + cd_size > size or count > cd_size // 46:
             raise ChecksumMismatch("its record list is damaged")
-        cd = read(cd_offset, cd_size)
+        cd = data[cd_offset : cd_offset + cd_size]
         regions, at = [], 0
         for _ in range(count):
-            regions.append(_one_record(read, cd, at))
-            at += 46 + sum(struct.unpack_from("<HHH", cd, at + 28))
+            sig, method, crc, stored, raw, name_len, extra_len, comment_len, offset = _ENTRY.unpack_from(cd, at)
+            if sig != b"PK\x01\x02":
+                raise ChecksumMismatch("its record list is damaged")
+            if 0xFFFFFFFF in (stored, raw, offset):  # the real values are in the zip64 extra field, in this order
+                wide = _zip64_extra(cd[at + 46 + name_len : at + 46 + name_len + extra_len])
+                raw = wide.pop(0) if raw == 0xFFFFFFFF else raw
+                stored = wide.pop(0) if stored == 0xFFFFFFFF else stored
+                offset = wide.pop(0) if offset == 0xFFFFFFFF else offset
+            if method != 0 or stored != raw:
+                name = _record_name(data, cd_offset + at)
+                raise ChecksumMismatch(f"record {name} is compressed, which vitmask never writes")
+            if offset + 30 > size:
+                raise ChecksumMismatch("its zip structure is damaged (an offset past the end of the file)")
+            sig, local_name, local_extra = _LOCAL.unpack_from(data, offset)
+            if sig != b"PK\x03\x04":
+                raise ChecksumMismatch(f"the header of record {_record_name(data, cd_offset + at)} is damaged")
+            start = offset + 30 + local_name + local_extra
+            if start + stored > size:
+                raise ChecksumMismatch("its zip structure is damaged (an offset past the end of the file)")
+            regions.append((start, stored, crc, cd_offset + at))
+            at += 46 + name_len + extra_len + comment_len
         return regions
     except struct.error:
         raise ChecksumMismatch("its zip structure is damaged (a record cut short)") from None
 
 
-def _one_record(read, cd: bytes, at: int) -> tuple[int, int, int, str]:
-    """The data region of the record whose central-directory entry starts at `cd[at]`."""
-    if cd[at : at + 4] != b"PK\x01\x02":
-        raise ChecksumMismatch("its record list is damaged")
-    method, crc, size, raw_size, name_len, extra_len = struct.unpack_from("<H4xIIIHH", cd, at + 10)
-    offset = struct.unpack_from("<I", cd, at + 42)[0]
-    name = cd[at + 46 : at + 46 + name_len].decode(errors="replace")
-    extra = cd[at + 46 + name_len : at + 46 + name_len + extra_len]
-    if 0xFFFFFFFF in (size, raw_size, offset):  # the real values are in the zip64 extra field, in this order
-        wide = _zip64_extra(extra)
-        raw_size = wide.pop(0) if raw_size == 0xFFFFFFFF else raw_size
-        size = wide.pop(0) if size == 0xFFFFFFFF else size
-        offset = wide.pop(0) if offset == 0xFFFFFFFF else offset
-    if method != 0 or size != raw_size:
-        raise ChecksumMismatch(f"record {name} is compressed, which vitmask never writes")
-    header = read(offset, 30)
-    if header[:4] != b"PK\x03\x04":
-        raise ChecksumMismatch(f"the header of record {name} is damaged")
-    local_name, local_extra = struct.unpack_from("<HH", header, 26)
-    return offset + 30 + local_name + local_extra, size, crc, name
+def _read(data, offset: int, n: int) -> bytes:
+    """`n` bytes of `data` from `offset`; reading past the end is a damaged file."""
+    if offset < 0 or offset + n > len(data):
+        raise ChecksumMismatch("its zip structure is damaged (an offset past the end of the file)")
+    return data[offset : offset + n]
+
+
+def _record_name(data, entry: int) -> str:
+    """The name of the record whose central-directory entry starts at `data[entry]`."""
+    name_len = struct.unpack_from("<H", data, entry + 28)[0]
+    return bytes(data[entry + 46 : entry + 46 + name_len]).decode(errors="replace")
 
 
 def _zip64_extra(extra: bytes) -> list[int]:
@@ -236,14 +231,14 @@ def verify_checksum(data: bytes) -> bool:
     ):
         raise ChecksumMismatch("its checksum record at the end of the file changed")
     end_record = len(data) - 22 - (0 if unsigned else CHECKSUM_TAIL)
-    read = _reader(data)
+    regions = _record_data(data, end_record)
     view = memoryview(data)
-    for start, length, crc, name in _record_data(read, len(data), end_record):
-        if start + length > len(data) or zlib.crc32(view[start : start + length]) != crc:
-            raise ChecksumMismatch(f"the bytes of record {name} changed")
+    for start, length, crc, entry in regions:
+        if zlib.crc32(view[start : start + length]) != crc:
+            raise ChecksumMismatch(f"the bytes of record {_record_name(data, entry)} changed")
     if unsigned:
         return False
-    found = hashlib.sha256(_outside_records(read, len(data), end_record, len(data) - 64)).hexdigest().encode()
+    found = hashlib.sha256(_outside_records(data, regions, len(data) - 64)).hexdigest().encode()
     if found != bytes(data[-64:]):
         raise ChecksumMismatch("its headers or record list changed (SHA-256 mismatch)")
     return True
