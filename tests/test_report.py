@@ -91,6 +91,15 @@ def test_hparams_are_every_config_key_beside_the_final_metrics():
     sections = {"train", "model", "mask", "data", "finetune"}
     n_keys = sum(len(v) if k in sections else 1 for k, v in CFG.to_dict().items())
     assert len(hparams) == n_keys  # every key, none lost in the flattening
+    assert "init" not in hparams  # a run from its random init names no initial weights
+
+
+def test_a_run_from_given_weights_names_their_path_beside_the_config_keys():
+    logger = ImageLogger()
+    init = {"path": "export/mnist", "kind": "export dir", "weights": "ema", "step": 12200, "run_id": "ab"}
+    Reporter(CFG, logger).hparams(VAL, best_val_loss=0.5, step=100, init=init)
+    ((hparams, _, _),) = logger.hparams
+    assert hparams["init"] == "export/mnist" and hparams["seed"] == 3
 
 
 def test_ranks_other_than_0_report_nothing(capsys):

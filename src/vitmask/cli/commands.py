@@ -73,6 +73,17 @@ def train(
         "--resume",
         help="A checkpoint to continue from, or 'auto': the run dir's newest checkpoint, or a fresh start if none.",
     ),
+    init: Path = typer.Option(
+        None,
+        "--init",
+        help="Start a new run (step 0, fresh optimizer and schedule) from these weights: a full export dir "
+        "written by vitmask export, or a .pt checkpoint. The config's model must be the same. Not with --resume.",
+    ),
+    init_weights: str = typer.Option(
+        None,
+        "--init-weights",
+        help="ema | raw: a checkpoint's EMA weights (the default when it has them) or its trained weights.",
+    ),
     device: str = DeviceOpt,
 ) -> None:
     """Train a model; checkpoints, config.yaml and TensorBoard events go to the run dir.
@@ -80,7 +91,7 @@ def train(
     Under torchrun (`torchrun --nproc_per_node=N -m vitmask train ...`) it trains data-parallel.
     SIGINT/SIGTERM finish the current step, write a checkpoint and exit 130/143.
     """
-    run_dir, val = verbs.train(config, overrides, run_dir, resume, device)
+    run_dir, val = verbs.train(config, overrides, run_dir, resume, device, init, init_weights)
     if os.environ.get("RANK", "0") != "0":
         return
     print(f"done: {run_dir}/last.pt  val acc {val.get('acc', float('nan')):.4f}")

@@ -19,6 +19,7 @@ from vitmask.runtime.process import resolve_device
 from vitmask.store import rundir
 from vitmask.store.checkpoint import check_resumable, config_of, load_checkpoint
 from vitmask.store.export import load_model
+from vitmask.store.init_weights import check_same_images
 
 
 def finetune(
@@ -133,16 +134,6 @@ def _finetune_plan(
     if asked is None:
         raise UserError("no config given; pass --config PATH (the data and training keys, e.g. configs/finetune.yaml)")
     pretrained = load_model(checkpoint, "cpu", weights, need_head=False)
-    _check_same_images(pretrained.config, asked, checkpoint)
+    check_same_images(pretrained.config, asked, f"checkpoint {checkpoint}")
     cfg = dataclasses.replace(asked, model=pretrained.config.model, mask=pretrained.config.mask)
     return rundir.Resolved(Path(run_dir), cfg, None, None, rundir.new_run_id(), []), pretrained
-
-
-def _check_same_images(trained: Config, asked: Config, checkpoint: Path) -> None:
-    a, b = trained.data, asked.data
-    if (a.image_size, a.patch_size) != (b.image_size, b.patch_size):
-        raise UserError(
-            f"checkpoint {checkpoint} was trained on {a.image_size}x{a.image_size} images in {a.patch_size}-pixel "
-            f"patches, but the config asks for {b.image_size}x{b.image_size} in {b.patch_size}-pixel patches; "
-            f"set data.image_size={a.image_size} and data.patch_size={a.patch_size}, or use a checkpoint of that size"
-        )

@@ -37,6 +37,8 @@ from vitmask.store.checkpoint import (
     describe_load_failure,
 )
 from vitmask.store.export import load_model
+from vitmask.store.init_weights import check_flags as init_weights_check
+from vitmask.store.init_weights import load_init
 from vitmask.train.loggers import TensorBoardLogger
 from vitmask.train.trainer import Trainer
 
@@ -57,17 +59,24 @@ def train(
     run_dir: Path | None,
     resume: str | None,
     device_name: str,
+    init: Path | None = None,
+    init_weights: str | None = None,
 ) -> tuple[Path, dict[str, float]]:
     """Start or continue a run. Returns the run dir and the final validation metrics.
 
     `resume` is a checkpoint path, or "auto": the newest checkpoint in the run dir, or a fresh start
     when it has none. Which checkpoint, which run dir, which config changes a resume may make, the
-    lock and the clean-up of a failed start: rundir.py. Under torchrun every rank trains; only
-    rank 0 owns and writes the run dir.
+    lock and the clean-up of a failed start: rundir.py. `init` (an export dir or a checkpoint,
+    `init_weights` ema | raw) starts a new run from its weights: store/init_weights.py, every check
+    before the run dir is made. Under torchrun every rank trains; only rank 0 owns and writes the
+    run dir.
     """
     world, device = distributed.init(resolve_device(device_name))
     try:
+        init_weights_check(init, init_weights, resume)
         plan = rundir.resolve(config, overrides, run_dir, resume)
+        if init is not None:
+            plan = dataclasses.replace(plan, init=load_init(init, plan.cfg, init_weights))
         check_fits(plan.cfg, device)
         fresh = plan.state is None
         owner = rundir.RunDir(plan.run_dir, fresh, auto=resume == "auto") if world.main else contextlib.nullcontext()
@@ -87,8 +96,8 @@ def run_plan(
     plan: rundir.Resolved, device: torch.device, world: distributed.World, make_trainer=_masked_patch_trainer
 ) -> dict[str, float]:
     """Load the data, build (and restore) the trainer (`make_trainer(cfg, labelled splits, device,
-    logger=, world=, probe=)`), write config.yaml, train; failed writes (a full disk) and
-    allocations end in one line."""
+    logger=, world=, probe=)`, and `init=` for a plan with initial weights), write config.yaml,
+    train; failed writes (a full disk) and allocations end in one line."""
     cfg, run_dir = plan.cfg, plan.run_dir
     data = load_data(cfg, device, load_labelled_splits)
     trainer = None
@@ -96,10 +105,13 @@ def run_plan(
     try:
         probe = online_probe(cfg, data, device) if world.main else None
         logger = TensorBoardLogger(run_dir) if world.main else None
-        trainer = make_trainer(cfg, data, device, logger=logger, world=world, probe=probe)
+        init = {"init": plan.init} if plan.init is not None else {}
+        trainer = make_trainer(cfg, data, device, logger=logger, world=world, probe=probe, **init)
         trainer.run_id = plan.run_id
         if plan.state is not None:
             _restore(trainer, plan)
+        elif plan.init is not None and world.main:
+            print(f"starting a new run in {run_dir} from {plan.init.describe()}", flush=True)
         if world.main:
             write_text(run_dir / "config.yaml", dump_config(cfg), "config")
         val = trainer.fit(run_dir)

@@ -53,23 +53,26 @@ CARD_METRICS = ("loss", "acc", "acc_nonempty", "bit_acc")
 
 
 # ---- which weights ----------------------------------------------------------------------------------
-def check_weights(weights: str | None) -> None:
+def check_weights(weights: str | None, flag: str = "--weights") -> None:
+    """`flag` is the option that asked for `weights`, as the messages name it."""
     if weights is not None and weights not in WEIGHT_KINDS:
-        raise UserError(f"--weights must be ema or raw, got '{weights}'")
+        raise UserError(f"{flag} must be ema or raw, got '{weights}'")
 
 
 def has_ema(state: dict[str, Any]) -> bool:
     return isinstance(state.get("ema"), dict) and bool(state["ema"])
 
 
-def checkpoint_weights(state: dict[str, Any], path: str | Path, weights: str | None) -> tuple[dict, str]:
+def checkpoint_weights(
+    state: dict[str, Any], path: str | Path, weights: str | None, flag: str = "--weights"
+) -> tuple[dict, str]:
     """The state dict a checkpoint's model is loaded from, and its kind: the EMA's when the
     checkpoint has one (or `weights` asks), the trained weights with `weights="raw"`."""
-    check_weights(weights)
+    check_weights(weights, flag)
     if weights == "ema" and not has_ema(state):
         raise UserError(
-            f"--weights ema: checkpoint {path} holds no EMA weights (it was trained with train.ema_decay=0); "
-            "pass --weights raw, or leave --weights out"
+            f"{flag} ema: checkpoint {path} holds no EMA weights (it was trained with train.ema_decay=0); "
+            f"pass {flag} raw, or leave {flag} out"
         )
     kind = weights or ("ema" if has_ema(state) else "raw")
     return state["ema" if kind == "ema" else "model"], kind
@@ -154,14 +157,16 @@ def read_export_weights(path: Path, meta: dict[str, Any]) -> dict[str, torch.Ten
         raise _bad_export(path, f"{WEIGHTS_FILE} cannot be read ({str(e).splitlines()[0][:120]})") from None
 
 
-def load_export(path: str | Path, device: torch.device | str = "cpu", weights: str | None = None) -> LoadedModel:
+def load_export(
+    path: str | Path, device: torch.device | str = "cpu", weights: str | None = None, flag: str = "--weights"
+) -> LoadedModel:
     """An export dir's model (eval mode, on `device`), its config and config.json as `state`."""
     path = Path(path)
-    check_weights(weights)
+    check_weights(weights, flag)
     meta = read_export_config(path)
     if weights is not None and weights != meta["weights"]:
         raise UserError(
-            f"--weights {weights}: export dir {path} holds the {meta['weights']} weights only; leave --weights out, "
+            f"{flag} {weights}: export dir {path} holds the {meta['weights']} weights only; leave {flag} out, "
             f"or export again with --weights {weights}"
         )
     cfg = export_config(meta, path)
@@ -187,30 +192,43 @@ def load_pretrained(path: str | Path, device: torch.device | str = "cpu") -> Mas
 
 
 def load_model(
-    path: str | Path, device: torch.device | str = "cpu", weights: str | None = None, need_head: bool = True
+    path: str | Path,
+    device: torch.device | str = "cpu",
+    weights: str | None = None,
+    need_head: bool = True,
+    flag: str = "--weights",
 ) -> LoadedModel:
     """The model behind a verb's `--checkpoint`: a .pt checkpoint (its EMA weights when it has them,
-    unless `weights` is "raw") or an export dir. `need_head`: refuse an encoder-only export."""
+    unless `weights` is "raw") or an export dir. `need_head`: refuse an encoder-only export. `flag`:
+    the option that gave `weights`, as the messages name it."""
     path = Path(path)
     if is_export_dir(path):
-        loaded = load_export(path, device, weights)
+        loaded = load_export(path, device, weights, flag)
         if need_head and loaded.model.head is None:
             raise UserError(
                 f"export dir {path} holds the encoder only (exported with --encoder-only), which cannot predict "
                 "patches; pass a full export (vitmask export without --encoder-only) or the checkpoint"
             )
         return loaded
-    check_weights(weights)
+    check_weights(weights, flag)
     state = checkpoint.load_checkpoint(path)
     reject_task_checkpoint(state, path)
     cfg = checkpoint.config_of(state, path)
-    chosen, _ = checkpoint_weights(state, path, weights)
+    chosen, _ = checkpoint_weights(state, path, weights, flag)
     model = build_model(cfg)
     try:
         checkpoint.load_model_state(model, chosen)
     except (RuntimeError, TypeError, ValueError) as e:  # entries of the right shape but not loadable
         raise checkpoint.describe_load_failure(e, path) from None
     return LoadedModel(model.to(device).eval(), cfg, state)
+
+
+def loaded_weights(path: str | Path, state: dict[str, Any], weights: str | None) -> tuple[str, dict[str, Any]]:
+    """Of a model `load_model(path, weights=weights)` loaded, with its `state`: which weights it holds
+    (ema or raw) and the record of the run they come from (step, run id, figures)."""
+    if is_export_dir(path):
+        return state["weights"], state["training"]
+    return checkpoint_weights(state, path, weights)[1], state
 
 
 def reject_task_checkpoint(state: dict[str, Any], path: Path) -> None:
@@ -373,10 +391,9 @@ def export(
     if onnx:
         require_onnx()
     model, cfg, state = load_model(path, "cpu", weights, need_head=not encoder_only)
-    kind = state["weights"] if is_export_dir(path) else checkpoint_weights(state, path, weights)[1]
+    kind, record = loaded_weights(path, state, weights)  # record: step, run id, figures
     if encoder_only:
         drop_prediction_head(model)
-    record = state["training"] if is_export_dir(path) else state  # step, run id, figures
     meta = export_metadata(cfg, kind, encoder_only, record, path)
     files = write_export(model, cfg, meta, out, onnx)
     return {"out": str(out), "weights": kind, "encoder_only": encoder_only, "files": [f.name for f in files]}

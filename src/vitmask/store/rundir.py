@@ -59,6 +59,7 @@ from vitmask.store.checkpoint import (
     remove_stale_temps,
     step_files,
 )
+from vitmask.store.init_weights import InitWeights
 
 LOCK_NAME = ".vitmask.lock"
 NO_FOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -93,6 +94,7 @@ class Resolved:
     source: Path | None  # its path
     run_id: str
     changes: list[str]  # "key old -> new" for each RESUMABLE key changed on resume
+    init: InitWeights | None = None  # the weights a new run starts from (vitmask train --init)
 
 
 # ---- which checkpoint -------------------------------------------------------------------------

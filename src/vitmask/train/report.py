@@ -12,7 +12,8 @@ scalars and images, and the hparams table. The trainer computes; the reporter fo
 - Online probes (`probe`, every `train.probe_every` steps): `probe/knn_acc` and `probe/linear_acc`
   as probe.OnlineProbe gives them, and one console line.
 - At the end (`hparams`): every config key as `section.key` beside `hparam/val_<name>` and
-  `hparam/best_val_loss`, to compare runs side by side.
+  `hparam/best_val_loss`, to compare runs side by side; a run started with `--init` adds `init`,
+  the path of its initial weights.
 
 Only rank 0 reports (`main`); the other ranks' reporters stay silent.
 """
@@ -132,13 +133,17 @@ class Reporter:
             self.stdout_closed = True
             outputs.mute_stdout()
 
-    def hparams(self, val: dict, best_val_loss: float, step: int) -> None:
-        """The run's config beside its final validation metrics, once, at the last step."""
+    def hparams(self, val: dict, best_val_loss: float, step: int, init: dict | None = None) -> None:
+        """The run's config beside its final validation metrics, once, at the last step; a run started
+        from given weights (`init`, the trainer's record of them) also has their path as `init`."""
         if not self.main:
             return
         metrics = {f"hparam/val_{k}": val[k] for k in SCALARS if k in val}
         metrics["hparam/best_val_loss"] = best_val_loss
-        self.logger.log_hparams(flat_hparams(self.cfg), metrics, step)
+        hparams = flat_hparams(self.cfg)
+        if init is not None:
+            hparams["init"] = str(init.get("path"))
+        self.logger.log_hparams(hparams, metrics, step)
 
     def close(self) -> None:
         self.logger.close()

@@ -10,7 +10,9 @@ reconstruction grid (validation.py), checkpoint cadence and best.pt (checkpointe
 lines, TensorBoard and hparams (report.py), SIGINT/SIGTERM (signals.py), the online probe every
 `train.probe_every` steps beside validation (probe.OnlineProbe, given by the runner on rank 0),
 the EMA of the weights with `train.ema_decay` (ema.py: updated after every step, validated beside
-the raw weights, best.pt following its validation loss).
+the raw weights, best.pt following its validation loss). A new run may start from given weights
+(`init`, store/init_weights.py: `vitmask train --init`); where they came from is kept in every
+checkpoint as `init`.
 
 What is trained is a hook: `build_network`, `build_optimization`, `build_sampler`,
 `build_validator` and `forward_loss` make the masked-patch task here; a subclass swaps them for
@@ -36,6 +38,7 @@ from vitmask.runtime import distributed, process
 from vitmask.runtime.distributed import World
 from vitmask.signals import StopSignals, interrupted
 from vitmask.store.checkpoint import load_model_state, load_optimizer_state
+from vitmask.store.init_weights import InitWeights
 from vitmask.store.saving import Checkpointer
 from vitmask.train.divergence import DivergenceWatch
 from vitmask.train.ema import WeightEMA
@@ -83,13 +86,23 @@ def static_step(cfg: Config, device: torch.device) -> bool:
 
 class Trainer:
     def __init__(
-        self, cfg: Config, splits: dict[str, torch.Tensor], device: torch.device, logger=None, world=None, probe=None
+        self,
+        cfg: Config,
+        splits: dict[str, torch.Tensor],
+        device: torch.device,
+        logger=None,
+        world=None,
+        probe=None,
+        init: InitWeights | None = None,
     ):
         self.world: World = world or World()
         process.prepare_process(cfg, device, self.world)  # checks, then seeds: before the model is built
         self.cfg, self.device, train = cfg, device, cfg.train
         self.probe = probe  # probe.OnlineProbe, run every train.probe_every steps (rank 0), or None
         self.model = self.build_network().to(device)  # the plain module: state dicts and evaluation use it
+        if init is not None:  # a new run from given weights: before the optimizer and the EMA see the model
+            load_model_state(self.model, init.state)
+        self.init = init.record if init is not None else None  # where the weights came from, kept in checkpoints
         self.optimizer, self.scheduler = self.build_optimization()
         self.ema = WeightEMA(self.model, train.ema_decay) if train.ema_decay > 0 else None  # fp32 copy
         self.scaler = process.grad_scaler(train.precision, device)
@@ -200,6 +213,7 @@ class Trainer:
             "config": self.cfg.to_dict(),
             "run_id": self.run_id,
             "val": self.last_val,
+            "init": self.init,
             **({"ema": self.ema.state_dict()} if self.ema is not None else {}),
         }
 
@@ -215,6 +229,7 @@ class Trainer:
         self.step = int(state["step"])
         self.sampler.seek(self.step)  # the data order is a function of the step
         self.validator.best_loss = float(state["best_val_loss"])
+        self.init = state.get("init") if isinstance(state.get("init"), dict) else None
         if self.ema is not None:
             if not isinstance(state.get("ema"), dict):
                 raise UserError("the checkpoint holds no EMA weights (an 'ema' entry) although train.ema_decay is set")
@@ -246,7 +261,7 @@ class Trainer:
         self.reporter.end()
         if not val:
             val = self.evaluate()
-        self.reporter.hparams(val, self.validator.best_loss, self.step)
+        self.reporter.hparams(val, self.validator.best_loss, self.step, self.init)
         return val
 
     def _run_step(self) -> None:
