@@ -438,10 +438,15 @@ class FinetuneConfig:
     layer_decay: float = 1.0  # layer-wise lr decay: block k of L gets lr * layer_decay^(L + 1 - k); 1 = off; (0, 1]
     freeze_steps: int = 0  # steps at the start in which only the head trains (the encoder's lr is 0)
     head_init_std: float = 0.01  # std of the new head's normal init (its bias starts at 0)
+    # regularisers of the training batches only (never val or test), drawn per step from the run's seed:
+    shift: int = 0  # move each image by a random whole number of pixels in [-shift, shift] per axis (0 fill); 0 = off
+    mask_ratio: float = 0.0  # hide round(mask_ratio * N) random patches of each image from the encoder; 0 = off; [0, 1)
 
     def __post_init__(self) -> None:
         _finite(self, "finetune.")
         _choices(self, "finetune.")
+        _check(self.shift >= 0, "finetune.shift", f"must be in [0, data.image_size - 1] (0 = off), got {self.shift}")
+        _check(0 <= self.mask_ratio < 1, "finetune.mask_ratio", f"must be in [0, 1) (0 = off), got {self.mask_ratio}")
         _check(self.grid >= 1, "finetune.grid", f"must be >= 1, got {self.grid}")
         _check(
             0 < self.layer_decay <= 1, "finetune.layer_decay", f"must be in (0, 1] (1 = off), got {self.layer_decay}"
@@ -485,6 +490,12 @@ class Config:
             "train.step_shapes",
             f"static needs model.decoder=none (the encoder of model.decoder={self.model.decoder} sees the "
             "N - M visible patches, a count that changes with M); use train.step_shapes=auto or masked",
+        )
+        _check(
+            self.finetune.shift < data.image_size,
+            "finetune.shift",
+            f"must be in [0, {data.image_size - 1}] (0 = off; a shift of data.image_size ({data.image_size}) or more "
+            f"moves every pixel out of the image), got {self.finetune.shift}",
         )
         _check(
             self.model.token_conv <= 2 * data.grid - 1,

@@ -104,10 +104,7 @@ class MaskedPatchViT(nn.Module):
         """
         if self.decoder is not None:
             return self.forward_encoder_decoder(patches, mask, ids)
-        if self.fill == "learned":
-            x = torch.where(mask.unsqueeze(-1), self.mask_token, self.embed(patches))  # (B, N, D)
-        else:
-            x = self.embed(apply_fill(patches, mask, self.fill))  # (B, N, D)
+        x = self.embed_masked(patches, mask)  # (B, N, D)
         if self.pos is not None:
             x = x + self.pos  # (B, N, D)
         rope = rope_tables(self)
@@ -117,19 +114,34 @@ class MaskedPatchViT(nn.Module):
         x = self.blocks[-1](x, rope, ids)  # (B, M or N, D)
         return self.head(self.norm(x))  # (B, M or N, C)
 
+    def embed_masked(self, patches: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """patches (B, N, P), mask (B, N) True = masked -> (B, N, D) embedded tokens, the masked ones as the
+        one-stack design sees them: pixels replaced by `fill`, or the token by the learned mask embedding."""
+        if self.fill is None:
+            raise ValueError("a model with a decoder design has no masked input to its encoder: pass keep instead")
+        if self.fill == "learned":
+            return torch.where(mask.unsqueeze(-1), self.mask_token, self.embed(patches))  # (B, N, D)
+        return self.embed(apply_fill(patches, mask, self.fill))  # (B, N, D)
+
     # ---- the encoder-decoder designs (model.decoder: self | cross) ---------------------------
     def forward_encoder(
-        self, patches: torch.Tensor, keep: torch.Tensor | None = None, depth: int | None = None
+        self,
+        patches: torch.Tensor,
+        keep: torch.Tensor | None = None,
+        depth: int | None = None,
+        mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """patches (B, N, P), keep (B, V) the visible patches' indices (None: all N) -> (B, V, D).
 
         The encoder sees the patches in `keep` only, gathered into a dense tensor; each token gets
         the position of its own patch (added, or rotated in by rope2d). A pre-norm stack ends in its norm.
         With `depth` K, the output of block K instead (0: the embedded patches), not normalised.
+        With `mask` (B, N) True = masked (keep None; a model without a decoder design), all N tokens go
+        through, the masked ones as `forward` gives them (`embed_masked`).
         """
         rope = rope_tables(self)
         if keep is None:
-            x = self.embed(patches)  # (B, N, D)
+            x = self.embed(patches) if mask is None else self.embed_masked(patches, mask)  # (B, N, D)
             pos = self.pos  # (N, D) or None
         else:
             x = self.embed(gather_tokens(patches, keep))  # (B, V, D)

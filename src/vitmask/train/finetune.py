@@ -16,6 +16,12 @@ on frozen features; the optimizer's state keeps its shape, so resume stays exact
 images and labels, and cross-entropy on the labels. It trains with AdamW whatever
 `train.optimizer` says (`train.lr`, betas, eps, weight decay and schedule are read).
 
+Two regularisers act on the training batches only (validation and test see whole, unmoved images),
+both off by default and drawn, like the batch order, from generators seeded by (seed, step), so a
+run is deterministic and resumes exactly: `finetune.shift` moves each image by a random whole
+number of pixels per axis (`shift_images`, background filling in), and `finetune.mask_ratio` hides
+a share of each image's patches from the encoder the way pretraining hid them (`Classifier.forward`).
+
 Shapes: B batch, N patches, P pixels per patch, D width, F pooled features, L label classes.
 """
 
@@ -27,7 +33,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from vitmask.config import Config, TrainConfig
-from vitmask.data.batches import EpochOrder, LabelledSplits
+from vitmask.data.batches import EpochOrder, LabelledSplits, mix64
+from vitmask.data.masking import random_mask, visible_ids
 from vitmask.data.patches import patchify
 from vitmask.data.prefetch import StepImages
 from vitmask.errors import UserError
@@ -45,7 +52,7 @@ from vitmask.train.trainer import Trainer
 
 # ---- the network ------------------------------------------------------------------------------------
 class Classifier(nn.Module):
-    """patches (B, N, P) float 0/1 pixels, nothing masked -> logits (B, L)."""
+    """patches (B, N, P) float 0/1 pixels, optionally some hidden (`forward`) -> logits (B, L)."""
 
     def __init__(self, encoder: MaskedPatchViT, num_labels: int, grid: int | None, head_init_std: float):
         super().__init__()
@@ -57,9 +64,45 @@ class Classifier(nn.Module):
         nn.init.normal_(self.head.weight, std=head_init_std)
         nn.init.zeros_(self.head.bias)
 
-    def forward(self, patches: torch.Tensor) -> torch.Tensor:
-        tokens = self.encoder.forward_encoder(patches)  # (B, N, D)
+    def forward(self, patches: torch.Tensor, mask: torch.Tensor | None = None, ids: torch.Tensor | None = None):
+        """patches (B, N, P) -> logits (B, L). With mask (B, N) True = hidden and ids (B, M) the hidden
+        indices, the encoder sees the hidden patches as pretraining showed them: a one-stack model
+        (model.decoder none) takes them as its masked input (mask.fill pixels or the learned mask
+        token) and every token is pooled; the encoder of a decoder design drops them, and each pooled
+        cell is the mean of its visible tokens (0 where it has none)."""
+        if mask is None:
+            tokens = self.encoder.forward_encoder(patches)  # (B, N, D)
+        elif self.encoder.fill is not None:
+            tokens = self.encoder.forward_encoder(patches, mask=mask)  # (B, N, D)
+        else:
+            keep = visible_ids(mask, ids.shape[1])  # (B, V)
+            visible = self.encoder.forward_encoder(patches, keep)  # (B, V, D)
+            return self.head(self.norm(pool_visible(visible, keep, patches.shape[1], self.grid)))
         return self.head(self.norm(pool_tokens(tokens, self.grid)))  # (B, F) -> (B, L)
+
+
+def pool_visible(tokens: torch.Tensor, keep: torch.Tensor, num_patches: int, grid: int | None) -> torch.Tensor:
+    """tokens (B, V, D) at the patches keep (B, V) of N -> features as `pool_tokens` lays them out, each
+    the mean of the visible tokens it covers (a cell without one: 0)."""
+    if grid is None:
+        return tokens.mean(1)  # (B, D)
+    b, _, d = tokens.shape
+    counted = torch.cat([tokens, tokens.new_ones(b, tokens.shape[1], 1)], -1)  # (B, V, D + 1): a 1 to count
+    full = counted.new_zeros(b, num_patches, d + 1).scatter(1, keep.unsqueeze(-1).expand_as(counted), counted)
+    cells = pool_tokens(full, grid).view(b, grid * grid, d + 1)  # (B, G*G, D + 1) cell means over all N
+    return (cells[..., :d] / cells[..., d:].clamp_min(1e-6)).flatten(1)  # (B, G*G*D): over the visible only
+
+
+def shift_images(images: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """images (B, H, W), offsets (B, 2) int64 (rows down, columns right) -> (B, H, W): image i moved by
+    its offset, pixels moved past the edge dropped, 0 (background) where nothing moved in. One gather."""
+    b, h, w = images.shape
+    rows = torch.arange(h, device=images.device) - offsets[:, :1]  # (B, H) source row of each row
+    cols = torch.arange(w, device=images.device) - offsets[:, 1:]  # (B, W) source column of each column
+    inside = ((rows >= 0) & (rows < h)).unsqueeze(2) & ((cols >= 0) & (cols < w)).unsqueeze(1)  # (B, H, W)
+    batch = torch.arange(b, device=images.device).view(b, 1, 1)
+    moved = images[batch, rows.clamp(0, h - 1).unsqueeze(2), cols.clamp(0, w - 1).unsqueeze(1)]  # (B, H, W)
+    return moved * inside.to(images.dtype)
 
 
 def pool_grid(cfg: Config) -> int | None:
@@ -88,16 +131,29 @@ def layer_of(name: str, depth: int) -> int:
 class LabelledBatch:
     patches: torch.Tensor  # (B, N, P) float 0/1 pixels
     labels: torch.Tensor  # (B,) int64 class indices
+    mask: torch.Tensor | None = None  # (B, N) bool, True = hidden from the encoder (finetune.mask_ratio); None: none
+    ids: torch.Tensor | None = None  # (B, M) int64 indices of the hidden patches
 
     def split(self, parts: int) -> list["LabelledBatch"]:
-        return [LabelledBatch(*c) for c in zip(self.patches.chunk(parts), self.labels.chunk(parts), strict=True)]
+        fields = (self.patches, self.labels, self.mask, self.ids)
+        chunks = [[None] * parts if f is None else f.chunk(parts) for f in fields]
+        return [LabelledBatch(*c) for c in zip(*chunks, strict=True)]
+
+
+# the (seed, step, stream) streams of the training draws; BatchSampler's masks and counts are 1 and 2
+SHIFT_STREAM, MASK_STREAM = 3, 4
 
 
 class LabelledBatchSampler:
     """Batches of a split's images and labels in the order of `EpochOrder` (as BatchSampler: batch s
     is the stream positions s * B .. s * B + B - 1, seeded by seed + 1); its state is the step, so a
     resumed run sees the same batches. Every rank computes the same global batch and keeps its shard;
-    `prefetch` as BatchSampler's (prefetch.StepImages)."""
+    `prefetch` as BatchSampler's (prefetch.StepImages).
+
+    With finetune.shift S, each image moves by offsets uniform in [-S, S] per axis (`shift_images`);
+    with finetune.mask_ratio r, each hides M = round(r * N) patches (at most N - 1) chosen uniformly.
+    Both are drawn for the whole global batch on the images' device, from a generator seeded afresh
+    from (seed, step, stream) for each batch, so they follow from the step as the order does."""
 
     def __init__(
         self,
@@ -115,15 +171,34 @@ class LabelledBatchSampler:
         self.step_images = StepImages(images, self.global_batch, self.shard, prefetch)
         self.seed = cfg.seed + 1
         self.order = EpochOrder(len(images), self.seed)
+        self.shift = cfg.finetune.shift
+        n = cfg.data.num_patches
+        self.num_patches, self.num_hidden = n, min(round(cfg.finetune.mask_ratio * n), n - 1)
+        self.generator: torch.Generator | None = None  # on the device the batches are drawn on
         self.step = 0  # batches drawn: the next batch is batch `step`
 
     def seek(self, step: int) -> None:
         self.step = int(step)
 
     def sample(self) -> LabelledBatch:
-        idx, images = self.step_images(self.order, self.step)  # (b,) CPU int64, (b, H, W)
+        step, shard = self.step, self.shard
+        idx, images = self.step_images(self.order, step)  # (b,) CPU int64, (b, H, W)
         self.step += 1
-        return LabelledBatch(patchify(images, self.patch_size).float(), self.labels[idx.to(self.labels.device)])
+        dev = images.device
+        if self.generator is None or self.generator.device != dev:
+            self.generator = torch.Generator(device=dev)
+        if self.shift:
+            self.generator.manual_seed(mix64(self.seed, step, SHIFT_STREAM))
+            s = self.shift
+            offsets = torch.randint(-s, s + 1, (self.global_batch, 2), generator=self.generator, device=dev)  # (B, 2)
+            images = shift_images(images, offsets[shard])  # (b, H, W)
+        mask = ids = None
+        if self.num_hidden:
+            self.generator.manual_seed(mix64(self.seed, step, MASK_STREAM))
+            ids, mask = random_mask(self.global_batch, self.num_patches, self.num_hidden, self.generator, dev)
+            ids, mask = ids[shard], mask[shard]  # (b, M), (b, N)
+        patches = patchify(images, self.patch_size).float()  # (b, N, P)
+        return LabelledBatch(patches, self.labels[idx.to(self.labels.device)], mask, ids)
 
     def close(self) -> None:
         self.step_images.close()
@@ -272,7 +347,8 @@ class FinetuneTrainer(Trainer):
 
     def forward_loss(self, mb: LabelledBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         with autocast(self.cfg.train.precision, self.device):
-            logits = self.net(mb.patches)  # (b, L)
+            # (b, L); hidden patches (finetune.mask_ratio) in training batches only
+            logits = self.net(mb.patches) if mb.mask is None else self.net(mb.patches, mb.mask, mb.ids)
         return F.cross_entropy(logits.float(), mb.labels), logits.detach().argmax(-1), mb.labels
 
     def state_dict(self) -> dict:
