@@ -1,0 +1,206 @@
+"""Quality against compute: one config trained at 1x, 4x, 16x and 64x a base budget of steps.
+
+The base budget is set in seconds of training (--base-seconds): the script first times the config's
+step (after compiling it, when train.compile is on) and takes base = round(base-seconds / step time)
+steps. Each run starts fresh from the config's seed with train.max_steps = k x base (the schedule's
+warm-up stays as the config says, capped at a tenth of the run), and is timed around its steps alone
+(device-synchronised, compilation excluded: the first step's time is reported on its own). After each run:
+
+- the NLL bound (stratified, `vitmask eval --nll`'s estimator) on the test split and on as many
+  images of the train split (the first ones), to show where the model starts to fit its training
+  images better than unseen ones;
+- accuracy and non-empty accuracy at mask ratio 0.5 (random masks) and in the centre box, on test;
+- for the largest run, the linear and k-NN probes (`vitmask probe`'s defaults).
+
+Each run is a process of its own, as `vitmask train` would be (--in-process runs them in this one:
+runs that follow each other in one process share torch.compile's caches and CUDA-graph pools).
+Every result is appended to --out as one JSON line as soon as it is known; each run's checkpoint
+goes to --save-dir. A run whose projected time would pass --deadline seconds is skipped and says so.
+
+    python scripts/compute_scaling.py --config configs/mnist-gpu.yaml --base-seconds 1.5 \\
+        --set data.source=idx --set data.path=data/mnist --out runs/scaling.jsonl --save-dir runs/scaling
+"""
+
+import time
+
+START = time.perf_counter()
+
+import argparse  # noqa: E402
+import dataclasses  # noqa: E402
+import json  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import torch  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from vitmask.cli.verbs import evaluate_checkpoint, probe_checkpoint  # noqa: E402
+from vitmask.config import load_config  # noqa: E402
+from vitmask.data.batches import load_splits  # noqa: E402
+from vitmask.errors import UserError  # noqa: E402
+from vitmask.evaluate.likelihood import nll_report  # noqa: E402
+from vitmask.runtime.process import resolve_device  # noqa: E402
+from vitmask.store.checkpoint import save_checkpoint  # noqa: E402
+from vitmask.train.trainer import Trainer  # noqa: E402
+
+SCALARS = ("loss", "acc", "acc_nonempty", "bit_acc")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", required=True)
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override (repeatable)")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    p.add_argument("--base-seconds", type=float, default=2.0, help="seconds of training of the 1x run")
+    p.add_argument("--base-steps", type=int, default=0, help="steps of the 1x run (0: from --base-seconds)")
+    p.add_argument("--multipliers", default="1,4,16,64", help="budgets, in units of the base")
+    p.add_argument("--deadline", type=float, default=1e9, help="skip runs that would end after this many seconds")
+    p.add_argument("--nll-samples", type=int, default=2, help="draws per stratum and image of the NLL bound")
+    p.add_argument("--in-process", action="store_true", help="every run in this process (default: one each)")
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # one run of the parent's ladder
+    p.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)  # a child run: probe its model
+    p.add_argument("--out", required=True, help="JSON lines, one per result")
+    p.add_argument("--save-dir", required=True, help="a checkpoint per run")
+    return p.parse_args(argv)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def emit(path: Path, row: dict) -> None:
+    with open(path, "a") as f:
+        f.write(json.dumps(row) + "\n")
+    print(json.dumps({k: v for k, v in row.items() if k != "curve"}), flush=True)
+
+
+def with_steps(cfg, steps: int):
+    train = cfg.train
+    warmup = min(train.warmup_steps, max(1, steps // 10))
+    every = max(1, steps)  # no validation inside the timed loop
+    train = dataclasses.replace(
+        train, max_steps=steps, warmup_steps=warmup, eval_every=every, checkpoint_every=every, log_every=every
+    )
+    return dataclasses.replace(cfg, train=train)
+
+
+def step_seconds(cfg, splits, device, steps: int = 60) -> tuple[float, float]:
+    """(first step's seconds, median-free mean seconds of `steps` steps after 10 warm-up steps)."""
+    trainer = Trainer(with_steps(cfg, 10_000), splits, device)
+    t0 = time.perf_counter()
+    trainer.train_step(trainer.sampler.sample())
+    sync(device)
+    first = time.perf_counter() - t0
+    for _ in range(10):
+        trainer.train_step(trainer.sampler.sample())
+    sync(device)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        trainer.train_step(trainer.sampler.sample())
+    sync(device)
+    return first, (time.perf_counter() - t0) / steps
+
+
+def train_run(cfg, splits, device, steps: int) -> tuple[Trainer, float, float]:
+    """A fresh run of `steps` steps: (trainer, first step's seconds, seconds of the other steps)."""
+    trainer = Trainer(with_steps(cfg, steps), splits, device)
+    t0 = time.perf_counter()
+    trainer.train_step(trainer.sampler.sample())
+    sync(device)
+    first = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    while trainer.step < steps:
+        trainer.train_step(trainer.sampler.sample())
+    sync(device)
+    return trainer, first, time.perf_counter() - t0
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    device = resolve_device(args.device)
+    cfg = load_config(args.config, args.set)
+    out, save_dir = Path(args.out), Path(args.save_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    save_dir.mkdir(parents=True, exist_ok=True)
+    splits = load_splits(cfg)
+    header = {
+        "config": args.config,
+        "overrides": args.set,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "date": time.strftime("%Y-%m-%d"),
+    }
+    base = args.base_steps
+    if not base:
+        first, per_step = step_seconds(cfg, splits, device)
+        base = max(1, round(args.base_seconds / per_step))
+        header.update(calibration_first_step_s=round(first, 2), calibration_step_ms=round(per_step * 1e3, 3))
+    header["base_steps"] = base
+    multipliers = [int(m) for m in args.multipliers.split(",")]
+    if not args.child:
+        emit(out, {"kind": "header", **header})
+    if not (args.in_process or args.child):
+        per_step = header.get("calibration_step_ms", 0.0) / 1e3
+        if device.type == "cuda":
+            torch.cuda.empty_cache()  # the calibration's memory, before the runs start
+        for k in multipliers:
+            steps = k * base
+            now = time.perf_counter() - START
+            projected = now + steps * per_step * 1.1 + 30.0  # training, plus starting, compiling and scoring
+            if projected > args.deadline:
+                emit(out, {"kind": "skipped", "multiplier": k, "steps": steps, "projected_end_s": round(projected, 1)})
+                continue
+            child = [sys.executable, __file__, "--config", args.config, "--device", str(device), "--child"]
+            child += [a for kv in args.set for a in ("--set", kv)] + ["--base-steps", str(base)]
+            child += ["--multipliers", str(k), "--nll-samples", str(args.nll_samples)]
+            child += ["--out", args.out, "--save-dir", args.save_dir] + (["--probe"] if k == multipliers[-1] else [])
+            subprocess.run(child, check=False)
+        return
+    for k in multipliers:
+        steps = k * base
+        trainer, first, seconds = train_run(cfg, splits, device, steps)
+        ckpt = save_checkpoint(trainer.state_dict(), save_dir / f"x{k}.pt")
+        weights = "ema" if trainer.ema is not None else "raw"
+        model = trainer.ema.module if trainer.ema is not None else trainer.model
+        test = evaluate_checkpoint(ckpt, "test", [0.5], str(device), centre_box=True, nll=True,
+                                   nll_samples=args.nll_samples, weights=weights)  # fmt: skip
+        n = test["nll"]["images"]
+        model.eval()
+        train_images = splits["train"][:n].to(device)
+        train_nll = nll_report(model, splits["train"].to(device), train_images, cfg.data.patch_size,
+                               samples=args.nll_samples)  # fmt: skip
+        ratio, box = test["results"][0], test["results"][1]
+        row = {
+            "kind": "run",
+            "multiplier": k,
+            "steps": steps,
+            "images_seen": steps * cfg.data.batch_size,
+            "first_step_s": round(first, 2),
+            "train_seconds": round(seconds, 2),
+            "weights": weights,
+            "test_nll": test["nll"]["nats"],
+            "test_nll_se": test["nll"]["se_mc"],
+            "train_nll": train_nll["nats"],
+            "train_nll_se": train_nll["se_mc"],
+            "r05": {m: ratio[m] for m in SCALARS},
+            "centre_box": {m: box[m] for m in SCALARS},
+            "process_s": round(time.perf_counter() - START, 1),
+            "checkpoint": str(ckpt),
+        }
+        emit(out, row)
+        last = ckpt
+    if "last" in locals() and (args.probe or not args.child):
+        probe = probe_checkpoint(last, "test", None, 20, 0, str(device))
+        emit(out, {"kind": "probe", "checkpoint": str(last), **{k: probe[k] for k in probe if k != "checkpoint"}})
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
