@@ -5,6 +5,7 @@ The expectations are read without vitmask's loaders: an export's tensors with sa
 step are caught inside the real command (the trainer's step is wrapped to copy them first).
 """
 
+import json
 import shutil
 import signal
 
@@ -211,3 +212,17 @@ def test_missing_and_broken_sources_are_refused(run_cli, source, exported, tmp_p
     ema_free = tmp_path / "plain"  # a raw-only export cannot give EMA weights: the message names --init-weights
     verbs.export(source, ema_free, weights="raw")
     refused(run_cli, tmp_path, config, "--init", ema_free, "--init-weights", "ema", needles=("--init-weights ema",))
+
+
+def test_an_export_of_an_init_run_names_the_weights_it_started_from(run_cli, exported, tmp_path):
+    config = run_config(tmp_path)
+    res = run_cli(
+        "train", "--config", config, "--init", exported / "full", "--run-dir", tmp_path / "run", "--device", "cpu"
+    )
+    assert res.returncode == 0, res.stderr
+    res = run_cli("export", "--checkpoint", tmp_path / "run" / "last.pt", "--out", tmp_path / "out")
+    assert res.returncode == 0, res.stderr
+    init = json.loads((tmp_path / "out" / "config.json").read_text())["training"]["init"]
+    assert init["path"] == str(exported / "full") and init["kind"] == "export dir"
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert f"weights of the export dir `{exported / 'full'}`" in card

@@ -290,6 +290,7 @@ def export_metadata(cfg: Config, kind: str, encoder_only: bool, state: dict[str,
             "ema_decay": cfg.train.ema_decay,
             "best_val_loss": state.get("best_val_loss"),
             "val": state.get("val") if isinstance(state.get("val"), dict) else None,
+            "init": state.get("init") if isinstance(state.get("init"), dict) else None,  # train --init's source
         },
     }
 
@@ -318,6 +319,10 @@ def model_card(meta: dict[str, Any], cfg: Config, params: int) -> str:
         "## Figures of the run",
         "",
     ]
+    init = t.get("init")
+    if isinstance(init, dict):  # the run began with train --init
+        started = f"- Started from: the {init.get('weights')} weights of the {init.get('kind')} `{init.get('path')}`."
+        lines.insert(lines.index("## Figures of the run") - 1, started)
     val = t.get("val") or {}
     if val:
         lines += [f"Validation at the last evaluation (masked patches at ratio {cfg.mask.ratio}):", ""]
