@@ -4,6 +4,7 @@ in one line with nothing half-written."""
 
 import errno
 import json
+import subprocess
 
 import numpy as np
 import pytest
@@ -169,6 +170,25 @@ def test_a_full_disk_mid_pack_leaves_nothing(tmp_path, monkeypatch, run_cli_in_p
     res = run_cli_in_process("pack", "--config", cfg, "--out", tmp_path / "p")
     assert_user_error(res, "disk is full", str(tmp_path / "p"))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.yaml"]  # no pack, no temp dir
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """A 64 KiB tmpfs at tmp_path / "disk": a disk that really fills up (needs the right to mount)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (mounting needs root)")
+    yield disk
+    subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+
+
+def test_a_pack_onto_a_full_tmpfs_leaves_nothing(tmp_path, small_tmpfs, run_cli_in_process):
+    # 2,600 images of 32x32 are 128 bytes each packed: 333 KB of rows for a 64 KiB disk
+    cfg = write_config(tmp_path / "c.yaml", {"data": {"num_train": 2000, "num_val": 300, "num_test": 300}})
+    res = run_cli_in_process("pack", "--config", cfg, "--out", small_tmpfs / "p")
+    assert_user_error(res, "disk is full", str(small_tmpfs / "p"))
+    assert list(small_tmpfs.iterdir()) == []  # no pack, no temp dir: the space is given back
 
 
 def test_an_interrupted_pack_leaves_no_dataset_that_looks_whole(tmp_path, monkeypatch):
