@@ -19,8 +19,10 @@ It trains one tiny checkpoint, writes a small folder dataset, a config and a fil
 - stdout: stdout closed (>&-) or a pipe whose reader is gone;
 - signal: SIGINT or SIGTERM after a random delay, to train or eval;
 - kill: SIGKILL during train; then `train --resume auto` must continue the run;
-- disk: a file-size limit (RLIMIT_FSIZE, so every write past it fails with EFBIG as on a full
-  disk) on train, sample or preview; then the run dir must resume or start again.
+- disk: a full disk on train, sample or preview: half the cases write to a tmpfs of 16 KiB to 1 MiB
+  mounted for the case (writes fail with ENOSPC; needs root, else every case takes the other way),
+  half run under a file-size limit (RLIMIT_FSIZE: writes past it fail with EFBIG); then the run dir
+  must resume or start again (the tmpfs grown first).
 
 Every case is judged on: a traceback on stderr (a "traceback"); an exit other than 0, 2 with one
 error line (warning lines may come before it), or 130/141/143 for a signal with at most one line
@@ -114,6 +116,7 @@ class Soak:
         self.case_no += 1
         self.case_dir = self.work / f"case-{self.case_no:04d}"
         self.case_dir.mkdir()
+        self.mounts: list[Path] = []  # tmpfs mounted for this case
         kind = self.rng.choice(KINDS)
         try:
             outcome = getattr(self, f"case_{kind}")()
@@ -121,6 +124,8 @@ class Soak:
             outcome = Outcome(kind, [str(a) for a in e.cmd[3:]], None, "", ["timed out"])
         self.judge(outcome)
         self.check_protected(outcome)
+        while self.mounts:
+            subprocess.run(["umount", "-l", str(self.mounts.pop())], capture_output=True)
         if not outcome.problems:
             shutil.rmtree(self.case_dir, ignore_errors=True)
         return outcome
@@ -340,7 +345,19 @@ class Soak:
         self.run_dir_is_usable(o, run)
         return o
 
+    def mount_tmpfs(self, path: Path, size: int) -> bool:
+        """A tmpfs of `size` bytes at `path` (False where it cannot be mounted: not root)."""
+        path.mkdir(exist_ok=True)
+        res = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True)
+        return res.returncode == 0
+
     def case_disk(self) -> Outcome:
+        if self.rng.random() < 0.5:
+            size = self.rng.choice([16 << 10, 64 << 10, 256 << 10, 1 << 20])
+            disk = self.case_dir / "disk"
+            if self.mount_tmpfs(disk, size):
+                self.mounts.append(disk)  # unmounted once the case is judged, leftovers included
+                return self.case_full_tmpfs(disk, size)
         limit = self.rng.choice([0, 1000, 20_000, 60_000, 200_000])
 
         def small_disk():
@@ -357,6 +374,23 @@ class Soak:
         res = self.cli(args, preexec_fn=small_disk)
         o = Outcome(f"disk-{limit}", [str(a) for a in args], res.returncode, res.stderr)
         if args[0] == "train":
+            self.run_dir_is_usable(o, run)
+        return o
+
+    def case_full_tmpfs(self, disk: Path, size: int) -> Outcome:
+        """A command whose outputs go to a tmpfs of `size` bytes; the run dir is checked once it is grown."""
+        run = disk / "run"
+        args = self.rng.choice(
+            [
+                ["train", "--config", self.config, "--run-dir", run],
+                ["sample", "--checkpoint", self.checkpoint, "--out", disk / "s.png", "--n", "4"],
+                ["preview", "--config", self.config, "--out", disk / "p.png"],
+            ]
+        )
+        res = self.cli(args)
+        o = Outcome(f"tmpfs-{size >> 10}k", [str(a) for a in args], res.returncode, res.stderr)
+        if args[0] == "train":
+            subprocess.run(["mount", "-o", "remount,size=64m", str(disk)], capture_output=True)
             self.run_dir_is_usable(o, run)
         return o
 
