@@ -160,6 +160,7 @@ def main(argv=None) -> None:
             child += ["--out", args.out, "--save-dir", args.save_dir] + (["--probe"] if k == multipliers[-1] else [])
             subprocess.run(child, check=False)
         return
+    last = None  # the checkpoint of the last run here
     for k in multipliers:
         steps = k * base
         trainer, first, seconds = train_run(cfg, splits, device, steps)
@@ -193,7 +194,7 @@ def main(argv=None) -> None:
         }
         emit(out, row)
         last = ckpt
-    if "last" in locals() and (args.probe or not args.child):
+    if last is not None and (args.probe or not args.child):
         probe = probe_checkpoint(last, "test", None, 20, 0, str(device))
         emit(out, {"kind": "probe", "checkpoint": str(last), **{k: probe[k] for k in probe if k != "checkpoint"}})
 

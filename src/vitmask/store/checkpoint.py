@@ -158,7 +158,7 @@ def _record_data(data, end_record: int) -> list[tuple[int, int, int, int]]:
         sig, _, _, _, count, cd_size, cd_offset, _ = _END.unpack(_read(data, end_record, 22))
         if sig != END_RECORD:
             raise ChecksumMismatch("its end record is damaged")
-        if 0xFFFF in (count,) or 0xFFFFFFFF in (cd_size, cd_offset):
+        if count == 0xFFFF or 0xFFFFFFFF in (cd_size, cd_offset):
             locator = _read(data, end_record - 20, 20)
             if locator[:4] != b"PK\x06\x07":
                 raise ChecksumMismatch("its zip64 locator is damaged")

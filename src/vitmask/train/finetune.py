@@ -174,7 +174,7 @@ class LabelledBatchSampler:
         self.shift = cfg.finetune.shift
         n = cfg.data.num_patches
         self.num_patches, self.num_hidden = n, min(round(cfg.finetune.mask_ratio * n), n - 1)
-        self.generator: torch.Generator | None = None  # on the device the batches are drawn on
+        self.generator = torch.Generator(device=images.device)  # where the step's images are (StepImages)
         self.step = 0  # batches drawn: the next batch is batch `step`
 
     def seek(self, step: int) -> None:
@@ -185,8 +185,6 @@ class LabelledBatchSampler:
         idx, images = self.step_images(self.order, step)  # (b,) CPU int64, (b, H, W)
         self.step += 1
         dev = images.device
-        if self.generator is None or self.generator.device != dev:
-            self.generator = torch.Generator(device=dev)
         if self.shift:
             self.generator.manual_seed(mix64(self.seed, step, SHIFT_STREAM))
             s = self.shift
