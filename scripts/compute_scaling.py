@@ -1,19 +1,19 @@
 """Quality against compute: one config trained at 1x, 4x, 16x and 64x a base budget of steps.
 
-The base budget is set in seconds of training (--base-seconds): the script first times the config's
-step (after compiling it, when train.compile is on) and takes base = round(base-seconds / step time)
-steps. Each run starts fresh from the config's seed with train.max_steps = k x base (the schedule's
+The base budget is set in steps (--base-steps) or in seconds of training (--base-seconds): then a
+process of its own first times the config's step (after compiling it, when train.compile is on) and
+base = round(base-seconds / step time) steps. Each run starts fresh from the config's seed with train.max_steps = k x base (the schedule's
 warm-up stays as the config says, capped at a tenth of the run), and is timed around its steps alone
 (device-synchronised, compilation excluded: the first step's time is reported on its own). After each run:
 
 - the NLL bound (stratified, `vitmask eval --nll`'s estimator) on the test split and on as many
   images of the train split (the first ones), to show where the model starts to fit its training
-  images better than unseen ones;
+  images better than unseen ones; for the trained (raw) weights and, with train.ema_decay, the EMA's;
 - accuracy and non-empty accuracy at mask ratio 0.5 (random masks) and in the centre box, on test;
 - for the largest run, the linear and k-NN probes (`vitmask probe`'s defaults).
 
-Each run is a process of its own, as `vitmask train` would be (--in-process runs them in this one:
-runs that follow each other in one process share torch.compile's caches and CUDA-graph pools).
+Each run is a process of its own, as `vitmask train` would be: no run shares torch.compile's caches,
+CUDA-graph pools or memory with another run or with the calibration.
 Every result is appended to --out as one JSON line as soon as it is known; each run's checkpoint
 goes to --save-dir. A run whose projected time would pass --deadline seconds is skipped and says so.
 
@@ -37,7 +37,7 @@ import torch  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from vitmask.cli.verbs import evaluate_checkpoint, probe_checkpoint  # noqa: E402
+from vitmask.cli.verbs import evaluate_checkpoint, open_model, probe_checkpoint  # noqa: E402
 from vitmask.config import load_config  # noqa: E402
 from vitmask.data.batches import load_splits  # noqa: E402
 from vitmask.errors import UserError  # noqa: E402
@@ -59,8 +59,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--multipliers", default="1,4,16,64", help="budgets, in units of the base")
     p.add_argument("--deadline", type=float, default=1e9, help="skip runs that would end after this many seconds")
     p.add_argument("--nll-samples", type=int, default=2, help="draws per stratum and image of the NLL bound")
-    p.add_argument("--in-process", action="store_true", help="every run in this process (default: one each)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # one run of the parent's ladder
+    p.add_argument("--calibrate", action="store_true", help=argparse.SUPPRESS)  # time the step, in a process alone
     p.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)  # a child run: probe its model
     p.add_argument("--out", required=True, help="JSON lines, one per result")
     p.add_argument("--save-dir", required=True, help="a checkpoint per run")
@@ -89,7 +89,8 @@ def with_steps(cfg, steps: int):
 
 
 def step_seconds(cfg, splits, device, steps: int = 60) -> tuple[float, float]:
-    """(first step's seconds, median-free mean seconds of `steps` steps after 10 warm-up steps)."""
+    """(first step's seconds, mean seconds of `steps` steps after 10 warm-up steps). Run only in a
+    process of its own (--calibrate), so no run shares a process, a compile cache or memory with it."""
     trainer = Trainer(with_steps(cfg, 10_000), splits, device)
     t0 = time.perf_counter()
     trainer.train_step(trainer.sampler.sample())
@@ -119,6 +120,62 @@ def train_run(cfg, splits, device, steps: int) -> tuple[Trainer, float, float]:
     return trainer, first, time.perf_counter() - t0
 
 
+def scores(ckpt: Path, cfg, splits, device, weights: str, nll_samples: int) -> dict:
+    """The NLL bound on test and on as many train images, r=0.5 and centre-box accuracy on test, of
+    one set of a checkpoint's weights (raw or ema)."""
+    test = evaluate_checkpoint(ckpt, "test", [0.5], str(device), centre_box=True, nll=True,
+                               nll_samples=nll_samples, weights=weights)  # fmt: skip
+    n = test["nll"]["images"]
+    model, _, _ = open_model(ckpt, str(device), 0, weights)
+    train_nll = nll_report(model, splits["train"].to(device), splits["train"][:n].to(device), cfg.data.patch_size,
+                           samples=nll_samples)  # fmt: skip
+    ratio, box = test["results"][0], test["results"][1]
+    return {
+        "test_nll": test["nll"]["nats"],
+        "test_nll_se": test["nll"]["se_mc"],
+        "train_nll": train_nll["nats"],
+        "train_nll_se": train_nll["se_mc"],
+        "r05": {m: ratio[m] for m in SCALARS},
+        "centre_box": {m: box[m] for m in SCALARS},
+    }
+
+
+def run_one(args, cfg, splits, device, steps: int, k: int) -> Path:
+    """Train one budget in this process, score its raw and EMA weights, emit one row."""
+    trainer, first, seconds = train_run(cfg, splits, device, steps)
+    ckpt = save_checkpoint(trainer.state_dict(), Path(args.save_dir) / f"x{k}.pt")
+    trainer.close()
+    row = {
+        "kind": "run",
+        "multiplier": k,
+        "steps": steps,
+        "images_seen": steps * cfg.data.batch_size,
+        "first_step_s": round(first, 2),
+        "train_seconds": round(seconds, 2),
+    }
+    for weights in ("raw", "ema") if trainer.ema is not None else ("raw",):
+        row[weights] = scores(ckpt, cfg, splits, device, weights, args.nll_samples)
+    # the headline figures: the EMA's where there is one (what evaluation and export use by default)
+    headline = row.get("ema", row["raw"])
+    row.update(weights="ema" if "ema" in row else "raw", test_nll=headline["test_nll"], train_nll=headline["train_nll"])
+    row.update(process_s=round(time.perf_counter() - START, 1), checkpoint=str(ckpt))
+    emit(Path(args.out), row)
+    return ckpt
+
+
+def child_command(args, device, *extra: str) -> list[str]:
+    cmd = [sys.executable, __file__, "--config", args.config, "--device", str(device)]
+    cmd += [a for kv in args.set for a in ("--set", kv)]
+    cmd += ["--nll-samples", str(args.nll_samples), "--out", args.out, "--save-dir", args.save_dir]
+    return cmd + list(extra)
+
+
+def calibrate(args, device) -> dict:
+    """The step time, measured in a process of its own: {"first_step_s", "step_ms"}."""
+    done = subprocess.run(child_command(args, device, "--calibrate"), check=True, capture_output=True, text=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
     device = resolve_device(args.device)
@@ -126,7 +183,18 @@ def main(argv=None) -> None:
     out, save_dir = Path(args.out), Path(args.save_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     save_dir.mkdir(parents=True, exist_ok=True)
-    splits = load_splits(cfg)
+    multipliers = [int(m) for m in args.multipliers.split(",")]
+    if args.calibrate:
+        first, per_step = step_seconds(cfg, load_splits(cfg), device)
+        print(json.dumps({"first_step_s": round(first, 2), "step_ms": round(per_step * 1e3, 3)}), flush=True)
+        return
+    if args.child:  # one budget of the parent's ladder
+        splits = load_splits(cfg)
+        ckpt = run_one(args, cfg, splits, device, multipliers[0] * args.base_steps, multipliers[0])
+        if args.probe:
+            probe = probe_checkpoint(ckpt, "test", None, 20, 0, str(device))
+            emit(out, {"kind": "probe", "checkpoint": str(ckpt), **{k: probe[k] for k in probe if k != "checkpoint"}})
+        return
     header = {
         "config": args.config,
         "overrides": args.set,
@@ -134,69 +202,23 @@ def main(argv=None) -> None:
         "torch": torch.__version__,
         "date": time.strftime("%Y-%m-%d"),
     }
-    base = args.base_steps
+    base, per_step = args.base_steps, 0.0
     if not base:
-        first, per_step = step_seconds(cfg, splits, device)
+        timing = calibrate(args, device)
+        per_step = timing["step_ms"] / 1e3
         base = max(1, round(args.base_seconds / per_step))
-        header.update(calibration_first_step_s=round(first, 2), calibration_step_ms=round(per_step * 1e3, 3))
+        header.update(calibration_first_step_s=timing["first_step_s"], calibration_step_ms=timing["step_ms"])
     header["base_steps"] = base
-    multipliers = [int(m) for m in args.multipliers.split(",")]
-    if not args.child:
-        emit(out, {"kind": "header", **header})
-    if not (args.in_process or args.child):
-        per_step = header.get("calibration_step_ms", 0.0) / 1e3
-        if device.type == "cuda":
-            torch.cuda.empty_cache()  # the calibration's memory, before the runs start
-        for k in multipliers:
-            steps = k * base
-            now = time.perf_counter() - START
-            projected = now + steps * per_step * 1.1 + 30.0  # training, plus starting, compiling and scoring
-            if projected > args.deadline:
-                emit(out, {"kind": "skipped", "multiplier": k, "steps": steps, "projected_end_s": round(projected, 1)})
-                continue
-            child = [sys.executable, __file__, "--config", args.config, "--device", str(device), "--child"]
-            child += [a for kv in args.set for a in ("--set", kv)] + ["--base-steps", str(base)]
-            child += ["--multipliers", str(k), "--nll-samples", str(args.nll_samples)]
-            child += ["--out", args.out, "--save-dir", args.save_dir] + (["--probe"] if k == multipliers[-1] else [])
-            subprocess.run(child, check=False)
-        return
-    last = None  # the checkpoint of the last run here
+    emit(out, {"kind": "header", **header})
     for k in multipliers:
         steps = k * base
-        trainer, first, seconds = train_run(cfg, splits, device, steps)
-        ckpt = save_checkpoint(trainer.state_dict(), save_dir / f"x{k}.pt")
-        weights = "ema" if trainer.ema is not None else "raw"
-        model = trainer.ema.module if trainer.ema is not None else trainer.model
-        test = evaluate_checkpoint(ckpt, "test", [0.5], str(device), centre_box=True, nll=True,
-                                   nll_samples=args.nll_samples, weights=weights)  # fmt: skip
-        n = test["nll"]["images"]
-        model.eval()
-        train_images = splits["train"][:n].to(device)
-        train_nll = nll_report(model, splits["train"].to(device), train_images, cfg.data.patch_size,
-                               samples=args.nll_samples)  # fmt: skip
-        ratio, box = test["results"][0], test["results"][1]
-        row = {
-            "kind": "run",
-            "multiplier": k,
-            "steps": steps,
-            "images_seen": steps * cfg.data.batch_size,
-            "first_step_s": round(first, 2),
-            "train_seconds": round(seconds, 2),
-            "weights": weights,
-            "test_nll": test["nll"]["nats"],
-            "test_nll_se": test["nll"]["se_mc"],
-            "train_nll": train_nll["nats"],
-            "train_nll_se": train_nll["se_mc"],
-            "r05": {m: ratio[m] for m in SCALARS},
-            "centre_box": {m: box[m] for m in SCALARS},
-            "process_s": round(time.perf_counter() - START, 1),
-            "checkpoint": str(ckpt),
-        }
-        emit(out, row)
-        last = ckpt
-    if last is not None and (args.probe or not args.child):
-        probe = probe_checkpoint(last, "test", None, 20, 0, str(device))
-        emit(out, {"kind": "probe", "checkpoint": str(last), **{k: probe[k] for k in probe if k != "checkpoint"}})
+        now = time.perf_counter() - START
+        projected = now + steps * per_step * 1.1 + 30.0  # training, plus starting, compiling and scoring
+        if projected > args.deadline:
+            emit(out, {"kind": "skipped", "multiplier": k, "steps": steps, "projected_end_s": round(projected, 1)})
+            continue
+        extra = ["--child", "--base-steps", str(base), "--multipliers", str(k)]
+        subprocess.run(child_command(args, device, *extra, *(["--probe"] if k == multipliers[-1] else [])), check=False)
 
 
 if __name__ == "__main__":

@@ -82,6 +82,7 @@ Positions = Literal["learned", "sincos2d", "rope2d", "rope2d+learned"]
 AttentionImpl = Literal["auto", "sdpa", "explicit"]
 DecoderDesign = Literal["none", "self", "cross"]
 Optimizer = Literal["adam", "adamw", "muon"]
+MuonDtype = Literal["fp32", "bf16"]  # the dtype of Muon's Newton-Schulz iteration, the same on every device
 Schedule = Literal["constant", "cosine", "linear"]
 Precision = Literal["fp32", "bf16", "fp16", "auto"]
 CompileMode = Literal["default", "reduce-overhead", "max-autotune"]  # torch.compile(mode=...)
@@ -383,6 +384,7 @@ class TrainConfig:
     log_every: int = 25  # steps between training-scalar logs
     eval_batches: int = 0  # validation batches per evaluation; 0 = the whole val split
     optimizer: Optimizer = "adam"  # adamw: decoupled decay; muon: on the blocks' matrices, AdamW elsewhere
+    muon_dtype: MuonDtype = "fp32"  # muon: the dtype of its Newton-Schulz iteration, on every device
     weight_decay: float = 0.0  # decay of weight matrices only; never biases, norms, pos or mask_token; in [0, 1]
     beta1: float = 0.9  # Adam's decay rate of the gradient mean
     beta2: float = 0.999  # Adam's decay rate of the squared-gradient mean

@@ -10,10 +10,12 @@ everything else (patch embedding, head, positions, mask embedding, biases, norms
 Muon's authors prescribe. Muon's step is scaled to AdamW's update RMS (Moonshot's
 `match_rms_adamw`), so both share `train.lr`, its schedule and `train.weight_decay`.
 `Muon` here is torch.optim.Muon's algorithm, hyperparameters and state dict, with two changes:
-the iteration runs in float32 on a CPU (torch's always casts to bf16, which a CPU without bf16
-instructions emulates about 100x slower: 67 of a 186 ms MNIST step on an AVX2 host) and in bf16
-on CUDA, as torch's; and matrices of one shape, an (R, S) one with the (S, R) ones transposed, are
-orthogonalised together as one batch, with the momentum, decay and update as foreach ops.
+the Newton-Schulz iteration runs in `train.muon_dtype` on every device (fp32 by default; torch's
+always casts to bf16, which a CPU without bf16 instructions emulates about 100x slower, and which
+makes a CPU and a GPU run different arithmetic); and matrices of one shape, an (R, S) one with the
+(S, R) ones transposed, are orthogonalised together as one batch, with the momentum, decay and
+update as foreach ops. The momentum buffers are made once, on the first step, not looked up and
+allocated per step.
 
 The schedule is a multiplier on `train.lr`: a linear warmup from 0 over `warmup_steps`, then
 constant, a cosine decay or a linear decay, the last two reaching `min_lr` at `max_steps`. It is a
@@ -73,9 +75,24 @@ def rms_matched_lr(lr: float, shape: tuple[int, int]) -> float:
     return lr * 0.2 * math.sqrt(max(shape[0], shape[1]))
 
 
+MUON_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
 class Muon(torch.optim.Muon):
     """torch.optim.Muon (its defaults, checks and state: one `momentum_buffer` per matrix) with a
-    step that orthogonalises in float32 on a CPU and in bf16 on CUDA, every shape as one batch."""
+    step that orthogonalises in `dtype` on every device, every shape as one batch."""
+
+    def __init__(self, params, dtype: torch.dtype = torch.float32, **kwargs):
+        super().__init__(params, **kwargs)
+        self.dtype = dtype
+
+    def momentum_buffers(self, params: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Each matrix's momentum buffer, made (zeros) on its first step only."""
+        state = self.state
+        missing = [p for p in params if "momentum_buffer" not in state[p]]
+        for p in missing:
+            state[p]["momentum_buffer"] = torch.zeros_like(p)
+        return [state[p]["momentum_buffer"] for p in params]
 
     @torch.no_grad()
     def step(self, closure=None) -> None:
@@ -86,7 +103,7 @@ class Muon(torch.optim.Muon):
             if not params:
                 continue
             grads = [p.grad for p in params]
-            bufs = [self.state[p].setdefault("momentum_buffer", torch.zeros_like(p)) for p in params]
+            bufs = self.momentum_buffers(params)
             torch._foreach_lerp_(bufs, grads, 1 - group["momentum"])
             updates = torch._foreach_lerp(grads, bufs, group["momentum"]) if group["nesterov"] else bufs
             if group["weight_decay"]:
@@ -99,8 +116,7 @@ class Muon(torch.optim.Muon):
                 tall = [params[i].shape[0] > params[i].shape[1] for i in index]
                 stacked = torch.stack([updates[i].mT if t else updates[i] for i, t in zip(index, tall, strict=True)])
                 # stacked: (k, r, s) with r <= s
-                dtype = torch.bfloat16 if stacked.is_cuda else torch.float32
-                ortho = orthogonalize(stacked.to(dtype), group["ns_steps"], group["eps"]).unbind(0)  # k x (r, s)
+                ortho = orthogonalize(stacked.to(self.dtype), group["ns_steps"], group["eps"]).unbind(0)  # k x (r, s)
                 steps = [(o.mT if t else o).to(params[i].dtype) for i, o, t in zip(index, ortho, tall, strict=True)]
                 # rms_matched_lr reads max(R, S), the same for every matrix of the batch
                 torch._foreach_add_([params[i] for i in index], steps, alpha=-rms_matched_lr(group["lr"], shape))
@@ -124,7 +140,13 @@ class MuonAdamW(torch.optim.Optimizer):
         hidden = [p for n, p in named if is_hidden_matrix(n, p)]
         rest = [(n, p) for n, p in named if not is_hidden_matrix(n, p)]
         # Nesterov momentum 0.95 and 5 Newton-Schulz steps: torch's (and Muon's authors') defaults
-        self.muon = Muon(hidden, lr=t.lr, weight_decay=t.weight_decay, adjust_lr_fn="match_rms_adamw")
+        self.muon = Muon(
+            hidden,
+            dtype=MUON_DTYPES[t.muon_dtype],
+            lr=t.lr,
+            weight_decay=t.weight_decay,
+            adjust_lr_fn="match_rms_adamw",
+        )
         self.adamw = torch.optim.AdamW(
             [
                 {"params": [p for n, p in rest if decays(n, p)], "weight_decay": t.weight_decay},
