@@ -2,9 +2,10 @@
 
 The base budget is set in steps (--base-steps) or in seconds of training (--base-seconds): then a
 process of its own first times the config's step (after compiling it, when train.compile is on) and
-base = round(base-seconds / step time) steps. Each run starts fresh from the config's seed with train.max_steps = k x base (the schedule's
-warm-up stays as the config says, capped at a tenth of the run), and is timed around its steps alone
-(device-synchronised, compilation excluded: the first step's time is reported on its own). After each run:
+base = round(base-seconds / step time) steps. Each run starts fresh from the config's seed with
+train.max_steps = k x base (the schedule's warm-up stays as the config says, capped at a tenth of
+the run), and is timed around its steps alone (device-synchronised, compilation excluded: the first
+step's time is reported on its own). After each run:
 
 - the NLL bound (stratified, `vitmask eval --nll`'s estimator) on the test split and on as many
   images of the train split (the first ones), to show where the model starts to fit its training
