@@ -29,6 +29,7 @@ START = time.perf_counter()
 import argparse  # noqa: E402
 import dataclasses  # noqa: E402
 import json  # noqa: E402
+import os  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -153,6 +154,7 @@ def run_one(args, cfg, splits, device, steps: int, k: int) -> Path:
         "images_seen": steps * cfg.data.batch_size,
         "first_step_s": round(first, 2),
         "train_seconds": round(seconds, 2),
+        "pid": os.getpid(),  # each run's process is its own
     }
     for weights in ("raw", "ema") if trainer.ema is not None else ("raw",):
         row[weights] = scores(ckpt, cfg, splits, device, weights, args.nll_samples)
@@ -202,6 +204,7 @@ def main(argv=None) -> None:
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__,
         "date": time.strftime("%Y-%m-%d"),
+        "pid": os.getpid(),
     }
     base, per_step = args.base_steps, 0.0
     if not base:

@@ -92,6 +92,50 @@ def test_muon_steps_the_blocks_matrices_and_adamw_everything_else():
         torch.testing.assert_close(p.detach(), want, rtol=0, atol=tol, msg=n)
 
 
+@pytest.mark.parametrize(
+    ("muon_dtype", "dtype", "rel"), [("fp32", torch.float32, 1e-5), ("bf16", torch.bfloat16, 2e-2)]
+)
+def test_muon_orthogonalises_in_the_configured_dtype_on_every_device(monkeypatch, muon_dtype, dtype, rel):
+    """train.muon_dtype picks the Newton-Schulz dtype (not the device): the step then matches the
+    float64 reference within that dtype's rounding, and an fp32 bound fails for bf16."""
+    from vitmask.train import optim
+
+    seen, real = [], optim.orthogonalize
+    monkeypatch.setattr(optim, "orthogonalize", lambda g, *a: seen.append(g.dtype) or real(g, *a))
+    lr = 0.01
+    cfg = tiny(optimizer="muon", lr=lr, muon_dtype=muon_dtype)
+    trainer = Trainer(cfg, load_splits(cfg), torch.device("cpu"))
+    p = trainer.model.blocks[0].ffn.fc1.weight
+    w, g = p.detach().clone(), torch.randn(p.shape, generator=torch.Generator().manual_seed(1))
+    for q in trainer.model.parameters():
+        q.grad = torch.zeros_like(q)
+    p.grad = g.clone()
+    trainer.optimizer.step()
+    assert seen and set(seen) == {dtype}
+    scale = lr * 0.2 * math.sqrt(max(p.shape))
+    step = (w - p.detach()) / scale  # the orthogonalised update
+    err = float((step - newton_schulz(1.95 * g)).abs().max())
+    assert err <= rel
+    if muon_dtype == "bf16":
+        assert err > 1e-4  # bf16's 8-bit mantissa shows: this is not the fp32 iteration
+
+
+def test_muon_makes_its_momentum_buffers_once(monkeypatch):
+    cfg = tiny(optimizer="muon", lr=0.01)
+    trainer = Trainer(cfg, load_splits(cfg), torch.device("cpu"))
+    for q in trainer.model.parameters():
+        q.grad = torch.ones_like(q)
+    trainer.optimizer.step()
+    muon = trainer.optimizer.muon
+    buffers = {id(muon.state[p]["momentum_buffer"]) for g in muon.param_groups for p in g["params"]}
+    calls = []
+    real = torch.zeros_like
+    monkeypatch.setattr(torch, "zeros_like", lambda *a, **k: calls.append(1) or real(*a, **k))
+    trainer.optimizer.muon.step()
+    assert calls == []  # no buffer allocated and zeroed on a later step
+    assert {id(muon.state[p]["momentum_buffer"]) for g in muon.param_groups for p in g["params"]} == buffers
+
+
 def test_muon_follows_the_schedule_in_every_group():
     cfg = tiny(optimizer="muon", lr=0.01, warmup_steps=4, max_steps=8, schedule="cosine", min_lr=0.001)
     trainer = Trainer(cfg, load_splits(cfg), torch.device("cpu"))

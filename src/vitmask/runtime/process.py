@@ -120,6 +120,23 @@ def check_compile(device: torch.device) -> None:
             )
 
 
+def check_cuda_graphs(train, device: torch.device) -> None:
+    """Refuse gradient accumulation under CUDA graphs (train.compile_mode=reduce-overhead on CUDA).
+
+    Each replay of a CUDA graph writes its outputs, the backward's gradients among them, into the
+    same memory of the graph's pool. The gradients of a step's first micro-batch would be that
+    memory, and the next micro-batch's replay would overwrite them before they are summed: the
+    step would apply the last micro-batch's gradient twice, silently. One micro-batch a step keeps
+    every replay's gradients alive until the optimizer has read them.
+    """
+    if train.compile and train.compile_mode == "reduce-overhead" and device.type == "cuda" and train.accum_steps > 1:
+        raise UserError(
+            f"train.accum_steps={train.accum_steps} with train.compile_mode=reduce-overhead on CUDA: each CUDA-graph "
+            "replay would overwrite the gradients of the step's earlier micro-batches; use --set train.accum_steps=1 "
+            "(a smaller data.batch_size per GPU, or more GPUs) or --set train.compile_mode=default"
+        )
+
+
 M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # glibc mallopt parameters (malloc.h)
 ALLOCATOR_ENV = ("GLIBC_TUNABLES", "LD_PRELOAD")  # besides every MALLOC_* variable
 _allocator_tuned = False
@@ -204,6 +221,7 @@ def prepare_process(cfg: Config, device: torch.device, world: World) -> None:
     check_batch(cfg.data.batch_size, train.accum_steps, world)
     if train.compile:
         check_compile(device)
+    check_cuda_graphs(train, device)
     set_deterministic(train.deterministic)
     seed_everything(cfg.seed)
 

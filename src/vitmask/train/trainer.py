@@ -160,21 +160,34 @@ class Trainer:
     # ---- one step ---------------------------------------------------------------------------
     def train_step(self, batch: Batch) -> dict[str, torch.Tensor]:
         """One optimisation step over `batch` (this rank's shard), in `train.accum_steps` micro-batches."""
-        train = self.cfg.train
         self.net.train()
-        micro = batch.split(train.accum_steps)
+        return self.apply_step(*self.backward(batch))
+
+    def backward(self, batch: Batch) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+        """Forward and backward of each of the `train.accum_steps` micro-batches of `batch` through the
+        training net, the gradients summed into `.grad` (each micro-batch's loss divided by their count).
+        Returns each micro-batch's (detached loss, predictions (b, M), targets (b, M))."""
+        micro = batch.split(self.cfg.train.accum_steps)
         losses, preds, targets = [], [], []
         for i, mb in enumerate(micro):
             last = i == len(micro) - 1
             sync = self.ddp.no_sync() if self.ddp is not None and not last else contextlib.nullcontext()
             with sync:
-                if self.cuda_graphs:
-                    torch.compiler.cudagraph_mark_step_begin()  # a new replay: the last one's outputs are read
+                if self.cuda_graphs:  # one micro-batch a step (process.check_cuda_graphs): a new replay
+                    torch.compiler.cudagraph_mark_step_begin()
                 loss, pred, target = self.forward_loss(mb)
                 self.scaler.scale(loss / len(micro)).backward()
             losses.append(loss.detach())
             preds.append(pred)  # (b, M)
             targets.append(target)  # (b, M)
+        return losses, preds, targets
+
+    def apply_step(
+        self, losses: list[torch.Tensor], preds: list[torch.Tensor], targets: list[torch.Tensor]
+    ) -> dict[str, torch.Tensor]:
+        """The update from the gradients in `.grad` (clip, optimizer, schedule, EMA), then the step's
+        metrics from what `backward` returned."""
+        train = self.cfg.train
         self.scaler.unscale_(self.optimizer)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), train.grad_clip or math.inf)
         self.scaler.step(self.optimizer)
@@ -187,12 +200,23 @@ class Trainer:
         self.step += 1
 
         loss = torch.stack(losses).mean()
-        pred, targets = torch.cat(preds), torch.cat(targets)  # (B, M), (B, M)
+        pred, target = torch.cat(preds), torch.cat(targets)  # (B, M), (B, M)
         self.divergence.record(loss, self.step)
-        self.train_metrics.add(pred, targets, loss * targets.numel())  # the step's mean loss over its patches
+        self.train_metrics.add(pred, target, loss * target.numel())  # the step's mean loss over its patches
         self._grad_norm_sum += grad_norm
         self._steps_since_log += 1
-        return {"loss": loss, "acc": (pred == targets).float().mean(), "grad_norm": grad_norm}
+        return {"loss": loss, "acc": (pred == target).float().mean(), "grad_norm": grad_norm}
+
+    @contextlib.contextmanager
+    def eager(self):
+        """Within it, the step's net is the uncompiled one (the same parameters): what the compiled
+        step is checked against (train/parity.py)."""
+        compiled, cuda_graphs = self.net, self.cuda_graphs
+        self.net, self.cuda_graphs = self.ddp if self.ddp is not None else self.model, False
+        try:
+            yield
+        finally:
+            self.net, self.cuda_graphs = compiled, cuda_graphs
 
     def evaluate(self, max_batches: int | None = None, ratio: float | None = None) -> dict[str, float]:
         """Validation metrics at `ratio` (default mask.ratio) on train.eval_batches (or max_batches) batches."""

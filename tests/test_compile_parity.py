@@ -1,0 +1,194 @@
+"""Compile parity (train/parity.py, scripts/check_compile.py): the compiled step's loss and gradients
+equal the eager step's, from the same state and batch, at every k-th step of a run.
+
+The inductor cases compile a one-block model on the CPU (and on CUDA where there is one): together
+they cover every compile_mode, both step shapes, a ratio schedule, mixed masks, Muon, the EMA and
+accum_steps 2. The checker itself is shown to fail on a compiled net that computes a different loss
+or gradients.
+"""
+
+import importlib.util
+
+import pytest
+import torch
+
+from tests.conftest import ROOT, TINY
+from vitmask.config import config_from_dict
+from vitmask.data.batches import load_splits
+from vitmask.errors import UserError
+from vitmask.runtime.process import check_cuda_graphs
+from vitmask.train.parity import check_run, tolerance
+from vitmask.train.trainer import Trainer, static_step
+
+SMALL = [
+    "model.depth=1",
+    "data.num_train=64",
+    "data.num_val=32",
+    "data.num_test=32",
+    "data.batch_size=16",
+    "mask.strategy=mixed",
+    "train.optimizer=muon",
+    "train.ema_decay=0.9",
+]
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA"))]
+
+# each compile_mode and each step shape at least once; a ratio schedule, mixed masks, Muon, EMA, accum 2
+CASES = [
+    ("default", "static", "uniform", 2),
+    ("reduce-overhead", "masked", "cosine", 1),
+    ("max-autotune", "masked", "fixed", 2),
+]
+
+
+def small_cfg(*sets: str):
+    return config_from_dict(TINY, [*SMALL, *sets])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("mode", "shapes", "schedule", "accum"), CASES)
+def test_the_compiled_step_equals_the_eager_step_at_every_checked_step(device, mode, shapes, schedule, accum):
+    device = torch.device(device)
+    if device.type == "cuda" and mode == "reduce-overhead" and accum > 1:
+        pytest.skip("refused: CUDA graphs with gradient accumulation (check_cuda_graphs)")
+    cfg = small_cfg(
+        "train.compile=true",
+        f"train.compile_mode={mode}",
+        f"train.step_shapes={shapes}",
+        f"mask.ratio_schedule={schedule}",
+        f"train.accum_steps={accum}",
+        "train.max_steps=6",
+    )
+    torch._dynamo.reset()
+    trainer = Trainer(cfg, load_splits(cfg), device)
+    assert static_step(cfg, device) == (shapes == "static")
+    results = check_run(trainer, 6, 2, "fp32")
+    torch._dynamo.reset()
+    assert [r.step for r in results] == [0, 2, 4]
+    assert trainer.step == 6
+    for r in results:
+        assert r.ok, r.line()
+        assert r.tol == 1e-4
+    # the checked run trained: its loss fell from the first checked step to the last
+    assert results[-1].loss_eager < results[0].loss_eager
+
+
+class ScaledLogits(torch.nn.Module):
+    """A stand-in for a wrong compiled net: the model's logits times `factor`."""
+
+    def __init__(self, model, factor: float):
+        super().__init__()
+        self.model, self.factor = model, factor
+
+    def forward(self, *args):
+        return self.model(*args) * self.factor
+
+
+class DoubledGradient(torch.autograd.Function):
+    """The identity forward, twice the gradient backward: what a replay that overwrote an earlier
+    micro-batch's gradients with its own, then summed them, would give."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return 2 * grad
+
+
+class DoublingNet(torch.nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, *args):
+        return DoubledGradient.apply(self.model(*args))
+
+
+@pytest.mark.parametrize(
+    ("wrap", "loss_off", "grad_off"),
+    [(lambda m: ScaledLogits(m, 1.01), True, True), (DoublingNet, False, True)],
+    ids=["logits-1pct", "gradients-doubled"],
+)
+def test_the_check_fails_on_a_net_that_differs_from_the_eager_one(wrap, loss_off, grad_off):
+    cfg = small_cfg("train.max_steps=4")
+    trainer = Trainer(cfg, load_splits(cfg), torch.device("cpu"))
+    trainer.net = wrap(trainer.model)  # what the step calls; trainer.eager() swaps in the plain model
+    results = check_run(trainer, 4, 2, "fp32")
+    for r in results:
+        assert not r.ok
+        assert (r.loss_rel > r.tol) == loss_off, r.line()
+        assert (r.grad_rel > r.tol) == grad_off, r.line()
+    if not loss_off:  # the loss is the same, every gradient twice the eager one: relative error 1
+        assert results[0].loss_rel == 0.0
+        assert results[0].grad_rel == pytest.approx(1.0, rel=1e-5)
+
+
+def test_a_checked_step_updates_as_an_unchecked_one():
+    """A checked run follows the path of an unchecked one: the same weights after the same steps."""
+    cfg = small_cfg("train.max_steps=3")
+    splits = load_splits(cfg)
+    checked = Trainer(cfg, splits, torch.device("cpu"))
+    check_run(checked, 3, 1, "fp32")
+    plain = Trainer(cfg, splits, torch.device("cpu"))
+    for _ in range(3):
+        plain.train_step(plain.sampler.sample())
+    for (name, a), b in zip(checked.model.state_dict().items(), plain.model.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+    for a, b in zip(checked.ema.module.parameters(), plain.ema.module.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_tolerances_are_tight_in_fp32_and_loose_under_bf16():
+    assert tolerance("fp32") == 1e-4
+    assert tolerance("bf16") == 3e-2
+
+
+@pytest.mark.parametrize(
+    ("device", "mode", "accum", "refused"),
+    [
+        ("cuda", "reduce-overhead", 2, True),
+        ("cuda", "reduce-overhead", 1, False),
+        ("cuda", "default", 2, False),
+        ("cpu", "reduce-overhead", 2, False),  # no CUDA graphs on a CPU
+    ],
+)
+def test_gradient_accumulation_under_cuda_graphs_is_refused(device, mode, accum, refused):
+    train = small_cfg("train.compile=true", f"train.compile_mode={mode}", f"train.accum_steps={accum}").train
+    if refused:
+        with pytest.raises(UserError, match=r"accum_steps=2 with train.compile_mode=reduce-overhead.*accum_steps=1"):
+            check_cuda_graphs(train, torch.device(device))
+    else:
+        check_cuda_graphs(train, torch.device(device))
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("check_compile", ROOT / "scripts" / "check_compile.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_script_prints_a_line_per_check_and_exits_by_the_verdict(tmp_path, monkeypatch, capsys):
+    """scripts/check_compile.py end to end, with torch.compile's aot_eager backend (quick: no
+    kernels are generated) as the compiled step, then with a net that is off."""
+    import yaml
+
+    script = load_script()
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump(TINY))
+    real = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda net, mode=None: real(net, backend="aot_eager"))
+    torch._dynamo.reset()
+    sets = [arg for s in SMALL for arg in ("--set", s)]
+    assert script.main(["--config", str(config), "--steps", "5", "--every", "2", *sets]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith(f"compile parity: {config} on cpu")
+    assert [line.split()[1] for line in out[1:4]] == ["0", "2", "4"]
+    assert all(line.endswith(" ok") for line in out[1:4])
+    assert out[4].startswith("3 checks, 0 outside tolerance 1e-04")
+    monkeypatch.setattr(torch, "compile", lambda net, mode=None: ScaledLogits(net, 1.01))
+    assert script.main(["--config", str(config), "--steps", "2", "--every", "1"]) == 1
+    assert "MISMATCH" in capsys.readouterr().out
+    torch._dynamo.reset()
