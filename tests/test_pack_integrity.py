@@ -19,7 +19,7 @@ import torch
 from tests.conftest import ROOT, TINY, assert_user_error, write_config
 from vitmask.config import config_from_dict
 from vitmask.data import pack as pack_module
-from vitmask.data.batches import EpochOrder, load_labelled_splits
+from vitmask.data.batches import BatchSampler, EpochOrder, load_labelled_splits
 from vitmask.data.pack import pack
 from vitmask.data.packed import BlockSums, header_digest, open_packed, seal, spread, verify_packed
 from vitmask.errors import UserError
@@ -313,6 +313,26 @@ def test_the_last_shorter_block_is_checked(tmp_path, monkeypatch):
         test[15]
 
 
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_the_sampler_meets_a_damaged_block_with_or_without_prefetch(shapes_pack, prefetch):
+    # a row in a block that batch 0 does not touch (the sampler's order is seeded by seed + 1): with
+    # prefetch, batches 1 and 2 are gathered in the background thread
+    first = set((EpochOrder(96, seed=1).indices(0, 32) // ROWS_PER_BLOCK).tolist())
+    row = next(r for r in range(96) if r // ROWS_PER_BLOCK not in first)
+    block = row - row % ROWS_PER_BLOCK
+    damage_row(shapes_pack, row)
+    train = open_packed(shapes_pack).split("train")
+    sampler = BatchSampler(train, shapes_cfg(), prefetch=prefetch)  # 32 of the 96 train images a batch
+    assert (sampler.step_images.prefetcher is not None) == prefetch
+    try:
+        sampler.sample()  # batch 0: undamaged blocks
+        with pytest.raises(UserError, match=f"rows {block} to {block + 1} "):
+            for _ in range(2):  # the rest of the epoch: every train row
+                sampler.sample()
+    finally:
+        sampler.close()
+
+
 def test_a_run_stops_in_one_line_at_a_damaged_block_and_keeps_its_last_checkpoint(
     shapes_pack, tmp_path, run_cli_in_process
 ):
@@ -366,6 +386,7 @@ def test_verify_checks_the_rows_sha256_against_the_header(shapes_pack, run_cli_i
 def test_verify_takes_no_out_and_pack_needs_one_of_them(shapes_pack, tmp_path, run_cli_in_process):
     assert_user_error(run_cli_in_process("pack", "--verify", shapes_pack, "--out", tmp_path / "o"), "--verify")
     assert_user_error(run_cli_in_process("pack"), "--out DIR", "--verify DIR")
+    assert_user_error(run_cli_in_process("pack", "--verify", tmp_path / "none"), "none is not a folder")
     assert not (tmp_path / "o").exists()
 
 
@@ -415,6 +436,14 @@ def test_out_that_is_a_link_to_a_pack_replaces_the_pack_it_points_at(tmp_path, r
     (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
     assert_user_error(run_cli_in_process("pack", "--config", big, "--out", tmp_path / "dangling"), "--out")
     assert not (tmp_path / "nowhere").exists()
+
+
+def test_out_whose_header_is_a_fifo_is_refused_without_blocking(tmp_path, run_cli_in_process, no_hang):
+    cfg = write_config(tmp_path / "c.yaml", {"data": {"num_train": 40, "num_val": 8, "num_test": 8}})
+    (tmp_path / "p").mkdir()
+    os.mkfifo(tmp_path / "p" / "header.json")
+    assert_user_error(run_cli_in_process("pack", "--config", cfg, "--out", tmp_path / "p"), "not a vitmask packed")
+    assert [p.name for p in (tmp_path / "p").iterdir()] == ["header.json"]
 
 
 SLOW_PACK = """

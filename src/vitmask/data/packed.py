@@ -400,7 +400,8 @@ def _check_splits(fields: _Fields, splits: dict, count: int) -> None:
                     raise fields.error(
                         f"{name}.npy holds the row number {low if low < 0 else high}, outside the {count:,} rows"
                     )
-                seen[where] = True
+                for at in range(0, n, 1 << 20):  # in pieces: NumPy turns an int32 index into int64
+                    seen[where[at : at + (1 << 20)]] = True
         held += n
         sizes[name] = n
         if np.count_nonzero(seen) != held:
@@ -453,6 +454,8 @@ def verify_packed(path: str | Path, progress: bool = True) -> dict:
     UserError of one line naming the first bad block."""
     from tqdm import tqdm
 
+    if not Path(path).is_dir():
+        raise UserError(f"{path} is not a folder; --verify takes a directory written by vitmask pack")
     ds = open_packed(path)
     check, want = ds.check, ds.header.get("checksum")
     if check is None and not isinstance(want, str):
