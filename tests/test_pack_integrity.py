@@ -170,6 +170,11 @@ def change_header(**changes):
     return change
 
 
+def append(path, data):
+    with open(path, "ab") as f:
+        f.write(data)
+
+
 def drop_file_checksum(d, name):
     """A header without the checksum of `name`, sealed again: only the missing entry is wrong."""
     h = header(d)
@@ -229,6 +234,7 @@ TAMPERINGS = {
     "rows_a_fifo": (lambda d: fifo_for(d, "rows.npy"), ["rows.npy", "not a regular file"]),
     "header_a_fifo": (lambda d: fifo_for(d, "header.json"), ["header.json", "not a regular file"]),
     "index_a_fifo": (lambda d: fifo_for(d, "train.npy"), ["train.npy", "not a regular file"]),
+    "rows_longer": (lambda d: append(d / "rows.npy", b"\0" * 32), ["rows.npy", "32 bytes after"]),
     "blocks_missing": (lambda d: (d / "blocks.npy").unlink(), ["blocks.npy", "missing"]),
     "blocks_file_changed": (
         lambda d: edit_array(d / "blocks.npy", lambda a: a.__setitem__(0, a[0] ^ 1)),

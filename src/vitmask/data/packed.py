@@ -354,6 +354,9 @@ def open_packed(path: str | Path) -> PackedDataset:
             f"{root / ROWS} holds {rows.dtype} {rows.shape} but the header says {count} rows of {r} bytes "
             f"({height}x{width} images); {fix}"
         )
+    extra = (root / ROWS).stat().st_size - rows.offset - rows.nbytes
+    if extra:  # bytes after the rows: rows of another size, or a file appended to
+        raise UserError(f"{root / ROWS} holds {extra:,} bytes after its {count:,} rows of {r} bytes; {fix}")
     labels = None
     if classes is not None:
         labels = _load_npy(root / LABELS, "labels", fix)
