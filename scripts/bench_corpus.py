@@ -12,8 +12,15 @@ Figures (one JSON object on stdout):
 - train: peak RssAnon (anonymous memory, not the page cache) of a `vitmask train` child on the
   corpus, read from /proc/PID/status every 50 ms, and its steps/s;
 - resume: that run killed (SIGKILL) after its checkpoint at half the steps and resumed, against an
-  unbroken run: last.pt's weights bit-identical (CPU, train.deterministic).
-Run it alone on the machine: every figure is a time.
+  unbroken run: last.pt's weights bit-identical (CPU, train.deterministic);
+- checks: what the pack's integrity checks cost (docs/corpora.md): `vitmask pack --verify`'s full
+  pass (seconds, GB/s); `open_packed` of the corpus with its splits as contiguous ranges and of the
+  same rows with the splits as index files and labels (what `vitmask pack` writes for the npy
+  source: every open check reads the index and label files whole); and random batches of 256
+  from the train split until every row block has been checked once, gathered with the block
+  checks and without, then again with every block already checked (the steady state). The page
+  cache is warm for these (the verify pass reads every row first).
+`--only checks` runs the checks alone. Run it alone on the machine: every figure is a time.
 """
 
 import argparse
@@ -34,8 +41,18 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from vitmask.config import config_from_dict  # noqa: E402
 from vitmask.data.batches import EpochOrder  # noqa: E402
-from vitmask.data.pack import pack  # noqa: E402
-from vitmask.data.packed import FORMAT, open_packed, row_bytes, unpack_rows  # noqa: E402
+from vitmask.data.pack import BLOCK_BYTES, pack  # noqa: E402
+from vitmask.data.packed import (  # noqa: E402
+    BLOCKS,
+    FORMAT,
+    BlockCheck,
+    BlockSums,
+    open_packed,
+    row_bytes,
+    seal,
+    unpack_rows,
+    verify_packed,
+)
 
 SIDE = 28
 CHUNK = 1 << 20
@@ -49,17 +66,20 @@ def synthetic_rows(start: int, count: int) -> np.ndarray:
 
 
 def write_corpus(root: Path, n: int, classes: int = 345) -> None:
-    """A packed directory of n images written directly (no source): splits as contiguous ranges."""
+    """A packed directory of n images written directly (no source): splits as contiguous ranges,
+    with the checksums `vitmask pack` writes."""
     root.mkdir(parents=True, exist_ok=True)
     r = row_bytes(SIDE, SIDE)
-    h = hashlib.sha256()
+    h, blocks = hashlib.sha256(), BlockSums(max(1, BLOCK_BYTES // r))
     with open(root / "rows.npy", "wb") as f:
         np.lib.format.write_array_header_1_0(f, {"descr": "|u1", "fortran_order": False, "shape": (n, r)})
         for start in range(0, n, CHUNK):
-            data = synthetic_rows(start, min(CHUNK, n - start)).tobytes()
-            h.update(data)
-            f.write(data)
+            rows = synthetic_rows(start, min(CHUNK, n - start))
+            h.update(rows)
+            blocks.update(rows)
+            f.write(rows.tobytes())
     np.save(root / "labels.npy", (np.arange(n, dtype=np.int64) % classes).astype(np.int32))
+    np.save(root / BLOCKS, blocks.finish())
     val = test = max(1, n // 100)
     header = {
         "format": FORMAT,
@@ -78,8 +98,86 @@ def write_corpus(root: Path, n: int, classes: int = 345) -> None:
         },
         "source": "synthetic (scripts/bench_corpus.py)",
         "checksum": f"sha256:{h.hexdigest()}",
+        "block_rows": blocks.block_rows,
     }
+    header = seal(header, root)
     (root / "header.json").write_text(json.dumps(header, indent=1, sort_keys=True) + "\n")
+
+
+def indexed_twin(corpus: Path, root: Path) -> Path:
+    """The corpus's rows (a symbolic link) and labels with the splits stored as index files, a seeded
+    permutation cut 98/1/1, as `vitmask pack` stores the npy source: the open checks' worst case."""
+    root.mkdir(parents=True, exist_ok=True)
+    header = json.loads((corpus / "header.json").read_text())
+    for name in ("rows.npy", "labels.npy", BLOCKS):
+        if not (root / name).exists():
+            (root / name).symlink_to((corpus / name).resolve())
+    n = header["count"]
+    order = np.random.default_rng(0).permutation(n).astype(np.int32 if n < 2**31 else np.int64)
+    val = test = max(1, n // 100)
+    cuts = {"test": order[:test], "val": order[test : test + val], "train": order[test + val :]}
+    for name, idx in cuts.items():
+        np.save(root / f"{name}.npy", idx)
+    splits = {name: {"count": len(idx), "index": f"{name}.npy"} for name, idx in cuts.items()}
+    body = {k: v for k, v in header.items() if k not in ("files", "header_checksum")}
+    sealed = seal({**body, "splits": splits}, root)
+    (root / "header.json").write_text(json.dumps(sealed, indent=1, sort_keys=True) + "\n")
+    return root
+
+
+def timed(fn, repeats: int) -> list[float]:
+    """Seconds of each of `repeats` calls of fn()."""
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return times
+
+
+def check_costs(corpus: Path, work: Path, max_batches: int, batch: int = 256) -> dict:
+    """What the integrity checks cost: the full verify, open_packed, and the block checks of a first pass."""
+    t = time.perf_counter()
+    verify_packed(corpus, progress=False)
+    verify_s = time.perf_counter() - t
+    size = (corpus / "rows.npy").stat().st_size
+    twin = indexed_twin(corpus, work / "indexed.packed")
+    opens = {
+        "ranges": timed(lambda: open_packed(corpus), 3),
+        "index_files": timed(lambda: open_packed(twin), 3),
+    }
+    ds = open_packed(corpus)
+    checked, plain = ds.split("train"), ds.split("train")
+    plain.check = None  # the same split, its rows gathered unchecked
+    checked.check = fresh = BlockCheck(ds.rows, ds.check.block_rows, ds.check.sums, ds.check.path)
+    order = EpochOrder(len(checked), seed=1)
+    start, count = ds.splits["train"]  # the corpus's splits are ranges
+    train_blocks = np.arange(start // fresh.block_rows, (start + count - 1) // fresh.block_rows + 1)
+    seen, steps = np.zeros(len(fresh), dtype=bool), 0  # the batches of a first pass over every train block
+    while steps < max_batches and not seen[train_blocks].all():
+        seen[(order.indices(steps * batch, batch).numpy() + start) // fresh.block_rows] = True
+        steps += 1
+    rates = {}
+    for name, images in (
+        ("unchecked", plain),
+        ("first_pass_checked", checked),
+        ("all_checked", checked),
+        ("unchecked_again", plain),
+    ):
+        t = time.perf_counter()
+        for s in range(steps):
+            images[order.indices(s * batch, batch)]
+        rates[name] = round(steps * batch / (time.perf_counter() - t))
+    return {
+        "verify_s": round(verify_s, 2),
+        "verify_gb_per_s": round(size / verify_s / 1e9, 2),
+        "open_s": {k: [round(x, 3) for x in v] for k, v in opens.items()},
+        "blocks": len(fresh),
+        "block_rows": fresh.block_rows,
+        "first_pass_batches": steps,
+        "blocks_checked_in_first_pass": int(fresh.verified.sum()),
+        "batch_images_per_s": rates,
+    }
 
 
 def batch_throughput(root: Path, batches: int, batch: int = 256) -> dict:
@@ -180,6 +278,21 @@ def train_and_resume(work: Path, corpus: Path, steps: int) -> dict:
     return {"peak_rss_anon_mib": round(peak / 2**20), "steps": steps, "wall_s": round(wall, 1), "resume_exact": same}
 
 
+def add_checksums(root: Path) -> None:
+    """Give a corpus written without checksums (by an earlier version of this script) the block sums
+    and sealed header `vitmask pack` writes: one pass over its rows."""
+    header = json.loads((root / "header.json").read_text())
+    if "header_checksum" in header:
+        return
+    rows = np.load(root / "rows.npy", mmap_mode="r")
+    blocks = BlockSums(max(1, BLOCK_BYTES // rows.shape[1]))
+    for start in range(0, len(rows), CHUNK):
+        blocks.update(rows[start : start + CHUNK])
+    np.save(root / BLOCKS, blocks.finish())
+    header = seal({**header, "block_rows": blocks.block_rows}, root)
+    (root / "header.json").write_text(json.dumps(header, indent=1, sort_keys=True) + "\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=100_000, help="images in the synthetic corpus")
@@ -187,18 +300,21 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=400, help="batches of 256 timed")
     ap.add_argument("--pack-n", type=int, default=2_000_000, help="images packed from npy files")
     ap.add_argument("--steps", type=int, default=40, help="training steps of the RssAnon and resume runs")
+    ap.add_argument("--check-batches", type=int, default=5000, help="at most this many batches in the first pass")
+    ap.add_argument("--only", choices=("all", "checks"), default="all", help="checks: the integrity checks' cost alone")
     args = ap.parse_args()
     corpus = args.dir / "corpus.packed"
     if not (corpus / "header.json").exists():
         t = time.perf_counter()
         write_corpus(corpus, args.n)
         print(f"wrote {corpus} in {time.perf_counter() - t:.0f} s", file=sys.stderr)
-    report = {
-        "n": args.n,
-        "batch_images_per_s": batch_throughput(corpus, args.batches),
-        "pack_images_per_s": pack_throughput(args.dir, min(args.n, args.pack_n)),
-        "train": train_and_resume(args.dir, corpus, args.steps),
-    }
+    add_checksums(corpus)
+    report = {"n": json.loads((corpus / "header.json").read_text())["count"]}
+    if args.only == "all":
+        report["batch_images_per_s"] = batch_throughput(corpus, args.batches)
+        report["pack_images_per_s"] = pack_throughput(args.dir, min(args.n, args.pack_n))
+        report["train"] = train_and_resume(args.dir, corpus, args.steps)
+    report["checks"] = check_costs(corpus, args.dir, args.check_batches)
     print(json.dumps(report, indent=1))
 
 

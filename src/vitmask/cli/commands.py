@@ -364,9 +364,31 @@ def finetune(
 def pack(
     config: Path = ConfigOpt,
     overrides: list[str] = SetOpt,
-    out: Path = typer.Option(..., "--out", help="The packed dataset directory to write (docs/corpora.md)."),
+    out: Path = typer.Option(None, "--out", help="The packed dataset directory to write (docs/corpora.md)."),
+    verify: Path = typer.Option(
+        None,
+        "--verify",
+        help="Check the packed dataset DIR whole instead: every file and row against its checksum.",
+    ),
 ) -> None:
-    """Pack the configured source into a bit-packed, memory-mapped dataset (train it with data.source=packed)."""
+    """Pack the configured source into a bit-packed, memory-mapped dataset (train it with data.source=packed),
+    or check one with --verify DIR."""
+    if verify is not None:
+        if out is not None or config is not None or overrides:
+            raise UserError("pack --verify DIR checks a pack and takes no --out, --config or --set; run them apart")
+        from vitmask.data.packed import verify_packed
+
+        done = verify_packed(verify)
+        if done["blocks"]:
+            print(
+                f"{verify}: whole: {done['count']:,} images; the header, the indices, the labels and the rows "
+                f"({done['blocks']:,} blocks and their SHA-256) match their checksums"
+            )
+        else:
+            print(f"{verify}: the rows of its {done['count']:,} images match the header's SHA-256 (its only checksum)")
+        return
+    if out is None:
+        raise UserError("pack needs --out DIR (the pack to write), or --verify DIR (a pack to check)")
     header = verbs.pack(config, overrides, out)
     splits = ", ".join(f"{k} {v['count']:,}" for k, v in header["splits"].items())
     print(f"wrote {out}: {header['count']:,} images {header['height']}x{header['width']} ({splits})")

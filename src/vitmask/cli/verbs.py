@@ -15,7 +15,7 @@ import torch
 from vitmask.config import Config, check_seed, config_from_dict, dump_config, load_config
 from vitmask.data.batches import SPLITS, eval_batches, load_labelled_splits, load_splits
 from vitmask.data.masking import centre_box_mask
-from vitmask.data.packed import PackedImages, spread
+from vitmask.data.packed import DamagedRows, PackedImages, spread
 from vitmask.data.preprocess import binarize_images, load_image_file
 from vitmask.errors import UserError, warn
 from vitmask.evaluate.likelihood import check_nll_args, nll_report
@@ -123,6 +123,8 @@ def run_plan(
                 trainer.close()
         if is_out_of_memory(e):
             raise out_of_memory(e, device, f"training at step {trainer.step if trainer else start}") from None
+        if isinstance(e, DamagedRows):  # a damaged block of a pack, met as its rows were first read
+            raise _stopped_by_damage(e, run_dir, trainer.step if trainer else start) from None
         if isinstance(e, UserError) and not hasattr(e, "errno"):
             raise
         failure = rundir.write_failure(e, run_dir, trainer.step if trainer else start) if world.main else None
@@ -134,6 +136,16 @@ def run_plan(
             with contextlib.suppress(Exception):
                 trainer.close()
         raise
+
+
+def _stopped_by_damage(e: DamagedRows, run_dir: Path, step: int) -> UserError:
+    """The one line for a run stopped by damaged rows of its pack: what is damaged, and which checkpoint is kept."""
+    kept = rundir.last_checkpoint(run_dir)
+    if kept is None:
+        what = "no checkpoint had been written yet, so the run left nothing behind"
+    else:
+        what = f"the last checkpoint, {kept[0]} (step {kept[1]}), is kept; resume from it once the pack is whole"
+    return UserError(f"training stopped at step {step}: {e}; {what}")
 
 
 def load_data(cfg: Config, device: torch.device, loader=load_splits):

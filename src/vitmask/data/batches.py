@@ -122,6 +122,11 @@ class EpochOrder:
     BLOCK = 1 << 16  # positions of an epoch evaluated at once by `indices` (512 KiB of int64)
 
     def __init__(self, n: int, seed: int):
+        if n < 1:
+            raise UserError(
+                "the train split holds no images, so there is no epoch to draw batches from; give the source more "
+                "images, or lower data.val_fraction and data.test_fraction"
+            )
         self.n, self.seed = n, seed
         bits = max(2, (n - 1).bit_length())
         self.half = np.uint64((bits + 1) // 2)  # bits of each Feistel half

@@ -10,13 +10,23 @@ a packed dataset trains on the same images in the same order as its source.
 
 Everything is written into a hidden temporary directory beside `--out` and renamed onto it only
 when complete: an interrupted pack (a signal, a kill, a full disk) never leaves a directory that
-looks whole. The same inputs and config give the same bytes (no times, sorted JSON keys).
+looks whole, and a stop by SIGINT or SIGTERM (`errors.Stopped`) removes the temporary directory
+before the process ends (the renames and the removals run with both signals held back, so a
+signal cannot land between them). An `--out` that is a symbolic link to a pack (or to an empty
+folder) is packed where the link points; the link stays. The same inputs and config give the
+same bytes (no times, sorted JSON keys).
+
+The checksums (packed.py): the rows' SHA-256 and each block's CRC-32 are computed from the bytes
+as they are written; `packed.seal` adds the SHA-256 of the other files and of the header.
 """
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
+import signal
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,12 +36,24 @@ from tqdm import tqdm
 
 from vitmask.config import Config
 from vitmask.data import shapes, sources
-from vitmask.data.packed import FORMAT, HEADER, LABELS, ROWS, is_packed_dir, pack_rows, row_bytes
+from vitmask.data.packed import (
+    BLOCKS,
+    FORMAT,
+    HEADER,
+    LABELS,
+    ROWS,
+    BlockSums,
+    is_packed_dir,
+    pack_rows,
+    row_bytes,
+    seal,
+)
 from vitmask.data.preprocess import binarize_images, binarize_list
 from vitmask.errors import UserError
 from vitmask.outputs import reason
 
 CHUNK = 1 << 16  # images binarized and packed at a time
+BLOCK_BYTES = 1 << 20  # bytes of rows a block checksum covers (block_rows = BLOCK_BYTES // row bytes, at least 1)
 TEMP_MARK = ".packing-"  # a temporary pack directory: .<out name>.packing-<pid>
 
 
@@ -121,11 +143,12 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def write_rows(path: Path, chunks: Iterator[torch.Tensor], count: int, side: int, bar) -> tuple[str, int]:
+def write_rows(
+    path: Path, chunks: Iterator[torch.Tensor], count: int, side: int, bar, blocks: BlockSums
+) -> tuple[str, int]:
     """Stream packed rows to a .npy file (header, then the rows in order) with plain writes, so a full
-    disk is an OSError (a memory map would die of SIGBUS); return their SHA-256 and the count."""
-    import hashlib
-
+    disk is an OSError (a memory map would die of SIGBUS); return their SHA-256 and the count, and
+    feed them to `blocks` (each block's CRC-32)."""
     r = row_bytes(side, side)
     h, written = hashlib.sha256(), 0
     with open(path, "wb") as f:
@@ -134,6 +157,7 @@ def write_rows(path: Path, chunks: Iterator[torch.Tensor], count: int, side: int
             rows = pack_rows(images)  # (k, R)
             data = rows.tobytes()
             h.update(data)
+            blocks.update(rows)
             f.write(data)
             written += len(rows)
             bar.update(len(rows))
@@ -166,12 +190,34 @@ def split_entries(plan, sizes: dict[str, int], tmp: Path) -> dict[str, dict]:
     return entries
 
 
+def target_of(out: Path) -> Path:
+    """Where a pack to `out` is written: `out` itself, or where it points when it is a symbolic link
+    (so the link keeps pointing at the pack, and its old pack is replaced, not left beside it)."""
+    return Path(os.path.realpath(out)) if out.is_symlink() else out
+
+
+@contextlib.contextmanager
+def signals_held():
+    """Hold SIGINT and SIGTERM back (in the main thread, where Python runs their handlers) until the
+    block ends: renames and removals that must not be cut in two. A held signal arrives right after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 def pack(cfg: Config, out: str | Path, progress: bool = True) -> dict:
     """Pack the configured source into the directory `out`; return its header."""
-    out = Path(out)
+    given = Path(out)
     d = cfg.data
     if d.source == "packed":
         raise UserError("data.source is already packed; pack the source the dataset was made from")
+    check_out(given)
+    out = target_of(given)
     check_out(out)
     seed = cfg.seed if d.split_seed is None else d.split_seed
     remove_stale_temps(out)
@@ -184,18 +230,21 @@ def pack(cfg: Config, out: str | Path, progress: bool = True) -> dict:
         else:
             plan = sources.split_plan(source.sizes, d, seed, torch.int32 if count < 2**31 else torch.int64)
         tmp.mkdir()
+        r = row_bytes(d.image_size, d.image_size)
+        blocks = BlockSums(max(1, BLOCK_BYTES // r))
         with tqdm(total=count, desc="pack", unit="img", unit_scale=True, disable=None if progress else True) as bar:
-            checksum, written = write_rows(tmp / ROWS, source.chunks, count, d.image_size, bar)
+            checksum, written = write_rows(tmp / ROWS, source.chunks, count, d.image_size, bar, blocks)
         if written != count:
             raise UserError(f"the source gave {written} images where it announced {count}; check data.path")
         if source.labels is not None:
             _save(tmp / LABELS, source.labels)
+        _save(tmp / BLOCKS, blocks.finish())
         header = {
             "format": FORMAT,
             "count": count,
             "height": d.image_size,
             "width": d.image_size,
-            "row_bytes": row_bytes(d.image_size, d.image_size),
+            "row_bytes": r,
             "bit_order": "row-major, first pixel in the most significant bit (np.packbits)",
             "threshold": d.threshold,
             "invert": d.invert,
@@ -208,19 +257,26 @@ def pack(cfg: Config, out: str | Path, progress: bool = True) -> dict:
             "max_per_class": d.max_per_class,
             "source": source.description,
             "checksum": checksum,
+            "block_rows": blocks.block_rows,
         }
+        header = seal(header, tmp)
         (tmp / HEADER).write_text(json.dumps(header, indent=1, sort_keys=True) + "\n")
-        _replace(tmp, out)
+        with signals_held():
+            _replace(tmp, out)
         return header
     except OSError as e:
-        raise UserError(f"could not write the packed dataset {out} ({reason(e)}); nothing was written there") from None
+        raise UserError(
+            f"could not write the packed dataset {given} ({reason(e)}); nothing was written there"
+        ) from None
     finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+        with signals_held():
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _replace(tmp: Path, out: Path) -> None:
-    """Move the finished `tmp` onto `out`; an old pack (or empty folder) there is moved aside first."""
+    """Move the finished `tmp` onto `out` (a real path, not a link); an old pack (or empty folder)
+    there is moved aside first and then removed."""
     old = None
     if out.exists():
         old = out.parent / f".{out.name}.replaced-{os.getpid()}"
