@@ -118,6 +118,10 @@ HOSTILE_CONFIGS = {
         lambda m: json.dumps(_with(m, ("training", "best_val_loss"), "low")),
         "training.best_val_loss is not a number",
     ),
+    "an init record with a number past int64": (
+        lambda m: json.dumps(_with(m, ("training", "init"), {"path": "w", "step": 2**63})),
+        "training.init is not a record of where the run's weights came from",
+    ),
     "a config integer past int64": (
         lambda m: json.dumps(_with(m, ("training", "config", "train", "max_steps"), 2**64)),
         "train.max_steps must be an integer in",
@@ -135,6 +139,21 @@ def test_a_hostile_config_json_is_one_line_from_every_verb(run_cli, exported, tm
     text, needle = HOSTILE_CONFIGS[name]
     (out / "config.json").write_text(text(json.loads((out / "config.json").read_text())))
     every_verb_refuses(run_cli, out, tmp_path, f"export dir {out}", needle)
+
+
+def nested_to(meta: dict, depth: int) -> str:
+    """config.json's text with an entry of lists added so that it nests exactly `depth` levels (the
+    top object is level 1, its "x" list level 2)."""
+    return json.dumps({**meta, "x": json.loads("[" * (depth - 1) + "]" * (depth - 1))})
+
+
+def test_config_json_may_nest_32_levels_and_not_33(run_cli, exported, tmp_path):
+    out = copy_of(exported, tmp_path)
+    meta = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(nested_to(meta, 32))
+    assert run_cli("count-params", "--checkpoint", out).returncode == 0
+    (out / "config.json").write_text(nested_to(meta, 33))
+    assert_user_error(run_cli("count-params", "--checkpoint", out), "nested more than 32 levels deep")
 
 
 def test_a_run_record_with_nan_and_inf_figures_is_read(run_cli, exported, tmp_path):
