@@ -17,7 +17,11 @@ leaves nothing; an `--out` that exists and holds files is refused.
 
 Loading: `load_pretrained(DIR)` is the model in eval mode. `load_model(PATH, device, weights)` is
 what every verb that takes `--checkpoint` calls: a `.pt` checkpoint (its EMA weights when it has
-them, unless `weights="raw"`) or an export dir, checked file by file, one line for anything wrong.
+them, unless `weights="raw"`) or an export dir, checked file by file, one line for anything wrong:
+config.json at most 1 MiB, nested at most 32 levels, its integers convertible, its entries (the
+run's record too, `check_training_record`) of the types vitmask writes; model.safetensors with
+the SHA-256 config.json names, every tensor float32 and finite, and fitting the config. A
+checkpoint has both its weight entries checked, the one not loaded too (`check_weight_entries`).
 """
 
 import dataclasses
