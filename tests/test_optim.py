@@ -262,10 +262,11 @@ def test_compiled_and_plain_models_share_checkpoints():
         assert torch.equal(compiled.model.state_dict()[k], v), k
 
 
-@pytest.mark.parametrize(("schedule", "graphs"), [("uniform", 1), ("fixed", 2)])
+@pytest.mark.parametrize(("schedule", "graphs"), [("uniform", 1), ("cosine", 1), ("fixed", 2)])
 def test_a_compiled_step_is_traced_once_for_every_masked_count(monkeypatch, schedule, graphs):
-    """Under a ratio schedule batches hiding 5, 9 and 13 patches share one graph, traced for any M; a
-    fixed ratio keeps torch's default (a static graph first, then a dynamic one when M changes)."""
+    """Under a ratio schedule (uniform or cosine) batches hiding 5, 9 and 13 patches share one graph,
+    traced for any M; a fixed ratio keeps torch's default (a static graph first, then a dynamic one
+    when M changes)."""
     from torch._dynamo.testing import CompileCounter
 
     from vitmask.data.batches import make_batch

@@ -15,11 +15,27 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 class Interrupted(Exception):
-    """Training stopped by a signal after a checkpoint was written; `code` is the exit status."""
+    """Training stopped by a signal after a checkpoint was written; `code` is the exit status. It
+    keeps what its message says (`interrupted`), so a verb can name itself in the resume command."""
 
-    def __init__(self, message: str, code: int):
+    def __init__(
+        self,
+        message: str,
+        code: int,
+        signum: int | None = None,
+        step: int | None = None,
+        run_dir: Path | None = None,
+        checkpoint: Path | None = None,
+    ):
         super().__init__(message)
         self.code = code
+        self.signum, self.step, self.run_dir, self.checkpoint = signum, step, run_dir, checkpoint
+
+    def resumed_with(self, verb: str) -> "Interrupted":
+        """The same stop, its resume command naming `vitmask VERB` (a fine-tuning resumes with finetune)."""
+        if self.signum is None:
+            return self
+        return interrupted(self.signum, self.step, self.run_dir, self.checkpoint, verb)
 
 
 class StopSignals:
@@ -44,15 +60,28 @@ class StopSignals:
         self._previous = {}
 
 
-def interrupted(signum: int, step: int, run_dir: Path | None, checkpoint: Path | None) -> Interrupted:
-    """The error a run stopped by `signum` at `step` ends with: where its checkpoint is, how to resume."""
+def resume_command(verb: str, run_dir: Path) -> str:
+    """The command that continues the run in `run_dir` of `vitmask VERB` (train or finetune): its
+    checkpoint holds the config, so the run dir alone is enough."""
+    return f"vitmask {verb} --run-dir {run_dir} --resume auto"
+
+
+def interrupted(
+    signum: int, step: int, run_dir: Path | None, checkpoint: Path | None, verb: str = "train"
+) -> Interrupted:
+    """The error a run of `vitmask VERB` stopped by `signum` at `step` ends with: where its checkpoint
+    is, how to resume."""
     name = signal.Signals(signum).name
     if run_dir is None:
         return Interrupted(f"stopped by {name} at step {step}; no run dir, so nothing was saved", 128 + signum)
     return Interrupted(
         f"stopped by {name} at step {step}; checkpoint written to {checkpoint}; "
-        f"resume with: vitmask train --run-dir {run_dir} --resume auto",
+        f"resume with: {resume_command(verb, run_dir)}",
         128 + signum,
+        signum,
+        step,
+        run_dir,
+        checkpoint,
     )
 
 

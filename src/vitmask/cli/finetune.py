@@ -16,6 +16,7 @@ from vitmask.evaluate.probe import run_probes
 from vitmask.model.memory_estimate import check_fits
 from vitmask.runtime import distributed
 from vitmask.runtime.process import resolve_device
+from vitmask.signals import Interrupted
 from vitmask.store import rundir
 from vitmask.store.checkpoint import check_resumable, config_of, load_checkpoint
 from vitmask.store.export import load_model
@@ -51,7 +52,10 @@ def finetune(
 
         owner = rundir.RunDir(plan.run_dir, plan.state is None, auto=resume == "auto") if world.main else None
         with owner or contextlib.nullcontext(), rundir.quiet_writer_threads():
-            verbs.run_plan(plan, device, world, make_trainer)
+            try:
+                verbs.run_plan(plan, device, world, make_trainer)
+            except (Interrupted, rundir.WriteFailure) as e:  # the resume command they print names finetune
+                raise e.resumed_with("finetune") from None
         distributed.barrier(world)
         trainer, data = made["trainer"], made["data"]
         report = {

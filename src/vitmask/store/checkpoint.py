@@ -27,8 +27,11 @@ one warning line (its records' CRC-32s are still checked).
 
 Every command that needs a checkpoint's model goes through `load_model`: read the file
 (`load_checkpoint`), build its config, build the model, and load the weights with
-`load_model_state` (compile prefix stripped, every key and shape checked). Resuming a run loads
-the same way into the trainer's model (`Trainer.load_state_dict`).
+`load_model_state` (compile prefix stripped, every key and shape checked). Both weight entries
+are checked, whichever one is loaded: the trained weights and, where the run kept an EMA, the EMA's
+(`check_weight_entries`), so a checkpoint whose other entry is damaged is refused by eval as it
+would be by a resume. Resuming a run loads the same way into the trainer's model
+(`Trainer.load_state_dict`).
 """
 
 import contextlib
@@ -444,8 +447,9 @@ def describe_load_failure(e: BaseException, path: str | Path) -> UserError:
     return UserError(f"checkpoint {path} is damaged or from another version ({why}); {OTHER_CHECKPOINT}")
 
 
-def check_model_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
-    """Raise a UserError naming the keys where `state` does not fit `model`."""
+def fit_problems(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> str:
+    """Where `state` does not fit `model` ("shape mismatch: ... | missing: ... | unexpected: ..."),
+    or "" when every key is there with its shape and there is no other."""
     own = model.state_dict()
     missing = [k for k in own if k not in state]
     unexpected = [k for k in state if k not in own]
@@ -454,17 +458,43 @@ def check_model_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) ->
         for k, v in own.items()
         if k in state and state[k].shape != v.shape
     ]
-    if missing or unexpected or shapes:
-        parts = []
-        if shapes:
-            parts.append("shape mismatch: " + "; ".join(shapes[:4]))
-        if missing:
-            parts.append("missing: " + ", ".join(missing[:4]))
-        if unexpected:
-            parts.append("unexpected: " + ", ".join(unexpected[:4]))
+    parts = []
+    if shapes:
+        parts.append("shape mismatch: " + "; ".join(shapes[:4]))
+    if missing:
+        parts.append("missing: " + ", ".join(missing[:4]))
+    if unexpected:
+        parts.append("unexpected: " + ", ".join(unexpected[:4]))
+    return " | ".join(parts)
+
+
+def check_model_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Raise a UserError naming the keys where `state` does not fit `model`."""
+    problems = fit_problems(model, state)
+    if problems:
         raise UserError(
-            "checkpoint does not fit this model (" + " | ".join(parts) + "); resume with the config it was trained with"
+            "checkpoint does not fit this model (" + problems + "); resume with the config it was trained with"
         )
+
+
+# a checkpoint's weight entries: the trained weights, and the EMA's where the run kept one
+WEIGHT_ENTRIES = {"model": "trained weights", "ema": "EMA weights"}
+
+
+def check_weight_entries(model: torch.nn.Module, state: dict[str, Any], path: str | Path) -> None:
+    """Refuse a checkpoint whose trained weights or EMA weights (where it has an EMA) do not fit
+    `model`, the model its config describes: whichever of the two a command loads, a damaged other
+    one would otherwise pass until a resume fails on it."""
+    for key, label in WEIGHT_ENTRIES.items():
+        entry = state.get(key)
+        if key == "ema" and not entry:
+            continue
+        problems = fit_problems(model, plain_state_dict(entry))
+        if problems:
+            raise UserError(
+                f"checkpoint {path} is damaged: its {label} ('{key}' entry) do not fit the model its config "
+                f"describes ({problems}); {OTHER_CHECKPOINT}"
+            )
 
 
 def load_model_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
@@ -514,4 +544,5 @@ def load_model(path: str | Path, device: torch.device | str = "cpu") -> LoadedMo
         load_model_state(model, state["model"])
     except (RuntimeError, TypeError, ValueError) as e:  # entries of the right shape but not loadable
         raise describe_load_failure(e, path) from None
+    check_weight_entries(model, state, path)  # the EMA's too, where there is one
     return LoadedModel(model.to(device).eval(), cfg, state)

@@ -17,14 +17,20 @@ leaves nothing; an `--out` that exists and holds files is refused.
 
 Loading: `load_pretrained(DIR)` is the model in eval mode. `load_model(PATH, device, weights)` is
 what every verb that takes `--checkpoint` calls: a `.pt` checkpoint (its EMA weights when it has
-them, unless `weights="raw"`) or an export dir, checked file by file, one line for anything wrong.
+them, unless `weights="raw"`) or an export dir, checked file by file, one line for anything wrong:
+config.json at most 1 MiB, nested at most 32 levels, its integers convertible, its entries (the
+run's record too, `check_training_record`) of the types vitmask writes; model.safetensors with
+the SHA-256 config.json names, every tensor float32 and finite, and fitting the config. A
+checkpoint has both its weight entries checked, the one not loaded too (`check_weight_entries`).
 """
 
 import dataclasses
 import hashlib
 import json
 import os
+import re
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +38,7 @@ import torch
 from torch import nn
 
 from vitmask import __version__
-from vitmask.config import Config, config_from_dict, dump_config
+from vitmask.config import INT_RANGE, MAX_CONFIG_BYTES, MAX_YAML_DEPTH, Config, config_from_dict, dump_config
 from vitmask.errors import UserError
 from vitmask.model.vit import MaskedPatchViT, build_model
 from vitmask.outputs import write_error
@@ -96,30 +102,108 @@ def _bad_export(path: Path, what: str) -> UserError:
     return UserError(f"export dir {path}: {what}; export it again with vitmask export --checkpoint X --out DIR")
 
 
+MAX_JSON_DEPTH = MAX_YAML_DEPTH  # nested objects and lists in config.json (one vitmask writes has 5)
+
+
 def read_export_config(path: str | Path) -> dict[str, Any]:
-    """config.json of an export dir, checked: present, JSON, this format, with its entries."""
+    """config.json of an export dir, checked: present, at most MAX_CONFIG_BYTES, JSON nested at most
+    MAX_JSON_DEPTH levels, this format, with its entries (`check_training_record` for the run's)."""
     path = Path(path)
     file = path / CONFIG_FILE
     if not file.is_file():
         raise _bad_export(path, f"{CONFIG_FILE} is missing")
     try:
+        size = file.stat().st_size
+        if size > MAX_CONFIG_BYTES:
+            raise _bad_export(
+                path, f"{CONFIG_FILE} is {size:,} bytes, more than an export's may be ({MAX_CONFIG_BYTES:,})"
+            )
         meta = json.loads(file.read_text())
+    except RecursionError:  # json recurses once per level
+        raise _bad_export(path, f"{CONFIG_FILE} is nested more than {MAX_JSON_DEPTH} levels deep") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise _bad_export(path, f"{CONFIG_FILE} cannot be read ({str(e).splitlines()[0][:120]})") from None
+    except ValueError:  # Python's limit on converting text to integers
+        raise _bad_export(
+            path, f"{CONFIG_FILE} holds an integer of more than {sys.get_int_max_str_digits()} digits"
+        ) from None
+    if json_depth(meta) > MAX_JSON_DEPTH:
+        raise _bad_export(path, f"{CONFIG_FILE} is nested more than {MAX_JSON_DEPTH} levels deep")
     found = meta.get("format") if isinstance(meta, dict) else None
     if not isinstance(found, str) or not found.startswith("vitmask-export/"):
         raise _bad_export(path, f"{CONFIG_FILE} is not a vitmask export's (no '{FORMAT}' format)")
     if found != FORMAT:
         raise UserError(
-            f"export dir {path} was written by another version of vitmask (format {found}; this one reads "
+            f"export dir {path} was written by another version of vitmask (format {found[:40]}; this one reads "
             f"{FORMAT}); use that version, or export again with this one"
         )
     for key, kind in (("training", dict), ("weights", str), ("encoder_only", bool), ("sha256", dict)):
         if not isinstance(meta.get(key), kind):
             raise _bad_export(path, f"{CONFIG_FILE} has no valid '{key}' entry")
     if meta["weights"] not in WEIGHT_KINDS:
-        raise _bad_export(path, f"{CONFIG_FILE} names weights '{meta['weights']}' (not ema or raw)")
+        raise _bad_export(path, f"{CONFIG_FILE} names weights '{meta['weights'][:40]}' (not ema or raw)")
+    check_training_record(meta["training"], path)
     return meta
+
+
+def json_depth(value: Any) -> int:
+    """How deep objects and lists nest in `value` (parsed JSON; a number or a string is 0), counted
+    without recursion."""
+    deepest, todo = 0, [(value, 1)]
+    while todo:
+        item, depth = todo.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        deepest = max(deepest, depth)
+        if depth <= MAX_JSON_DEPTH:  # deeper is refused anyway: no need to walk on
+            todo.extend((child, depth + 1) for child in children)
+    return deepest
+
+
+def _is_number(v: Any) -> bool:
+    """An int or a float (not a bool) that a float can hold, as a figure of a run is (NaN and inf
+    included: a validation without non-empty patches has no acc_nonempty, a run before its first
+    validation no best loss)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    try:
+        float(v)
+    except OverflowError:  # an integer past the largest float
+        return False
+    return True
+
+
+def check_training_record(t: dict[str, Any], path: Path) -> None:
+    """The run record of config.json (`training`): the entries the verbs read (the model card, the
+    record a run from `--init` keeps) of the types vitmask writes, or one line naming the entry."""
+
+    def bad(key: str, what: str) -> UserError:
+        return _bad_export(path, f"{CONFIG_FILE}: training.{key} is not {what}")
+
+    step = t.get("step")
+    if step is not None and (isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= INT_RANGE[1]):
+        raise bad("step", f"a step (an integer in [0, {INT_RANGE[1]}])")
+    for key in ("run_id", "source"):
+        if t.get(key) is not None and not (isinstance(t[key], str) and len(t[key]) <= 4096):
+            raise bad(key, "a string")
+    for key in ("best_val_loss", "ema_decay"):
+        if t.get(key) is not None and not _is_number(t[key]):
+            raise bad(key, "a number")
+    val = t.get("val")
+    if val is not None:
+        rows = val.values() if isinstance(val, dict) else None
+        if rows is None or not all(isinstance(row, dict) and all(_is_number(v) for v in row.values()) for row in rows):
+            raise bad("val", "a table of numbers")
+    init = t.get("init")
+    if init is not None and not (
+        isinstance(init, dict)
+        and all(
+            v is None or isinstance(v, str) or (type(v) is int and INT_RANGE[0] <= v <= INT_RANGE[1])
+            for v in init.values()
+        )
+    ):
+        raise bad("init", "a record of where the run's weights came from")
 
 
 def export_config(meta: dict[str, Any], path: Path) -> Config:
@@ -139,7 +223,8 @@ def sha256_of(file: Path) -> str:
 
 
 def read_export_weights(path: Path, meta: dict[str, Any]) -> dict[str, torch.Tensor]:
-    """model.safetensors of an export dir, checked against config.json's SHA-256; no pickle is read."""
+    """model.safetensors of an export dir, checked against config.json's SHA-256 (no pickle is read),
+    every tensor fp32 as vitmask writes it and finite, as a checkpoint's weights must be."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
@@ -152,9 +237,16 @@ def read_export_weights(path: Path, meta: dict[str, Any]) -> dict[str, torch.Ten
             raise _bad_export(
                 path, f"{WEIGHTS_FILE} is not the file {CONFIG_FILE} was written with (its SHA-256 differs)"
             )
-        return load_file(file, device="cpu")
+        state = load_file(file, device="cpu")
     except (OSError, SafetensorError) as e:
         raise _bad_export(path, f"{WEIGHTS_FILE} cannot be read ({str(e).splitlines()[0][:120]})") from None
+    for key, tensor in state.items():
+        if tensor.dtype != torch.float32:
+            raise _bad_export(path, f"{WEIGHTS_FILE} holds {key} as {tensor.dtype}, not the float32 vitmask writes")
+    bad = checkpoint.first_non_finite({"model": state})
+    if bad is not None:
+        raise _bad_export(path, f"{WEIGHTS_FILE} holds NaN or inf values ({bad}); it cannot be evaluated or used")
+    return state
 
 
 def load_export(
@@ -220,6 +312,7 @@ def load_model(
         checkpoint.load_model_state(model, chosen)
     except (RuntimeError, TypeError, ValueError) as e:  # entries of the right shape but not loadable
         raise checkpoint.describe_load_failure(e, path) from None
+    checkpoint.check_weight_entries(model, state, path)  # the entry not loaded, too
     return LoadedModel(model.to(device).eval(), cfg, state)
 
 
@@ -356,10 +449,24 @@ def model_card(meta: dict[str, Any], cfg: Config, params: int) -> str:
     return "\n".join(lines)
 
 
-def write_export(model: nn.Module, cfg: Config, meta: dict[str, Any], out: Path, onnx: bool = False) -> list[Path]:
-    """Write the export dir `out` through a temp dir beside it, renamed into place; returns its files."""
+def save_weights(tensors: dict[str, torch.Tensor], file: Path) -> None:
+    """model.safetensors; a failed write (a full disk) is the OSError it was, which safetensors'
+    writer reports as a SafetensorError whose text ends in "(os error N)"."""
+    from safetensors import SafetensorError
     from safetensors.torch import save_file
 
+    try:
+        save_file(tensors, file, metadata={"format": "pt", "vitmask": FORMAT})
+    except SafetensorError as e:
+        found = re.search(r"\(os error (\d+)\)", str(e))
+        if found is None:
+            raise
+        code = int(found.group(1))
+        raise OSError(code, os.strerror(code) if code else str(e), str(file)) from None
+
+
+def write_export(model: nn.Module, cfg: Config, meta: dict[str, Any], out: Path, onnx: bool = False) -> list[Path]:
+    """Write the export dir `out` through a temp dir beside it, renamed into place; returns its files."""
     from vitmask.store.onnx_export import export_onnx
 
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
@@ -367,7 +474,7 @@ def write_export(model: nn.Module, cfg: Config, meta: dict[str, Any], out: Path,
     try:
         tmp.mkdir()
         tensors = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in model.state_dict().items()}
-        save_file(tensors, tmp / WEIGHTS_FILE, metadata={"format": "pt", "vitmask": FORMAT})
+        save_weights(tensors, tmp / WEIGHTS_FILE)
         meta = {**meta, "sha256": {WEIGHTS_FILE: sha256_of(tmp / WEIGHTS_FILE)}}
         (tmp / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
         params = sum(p.numel() for p in model.parameters())

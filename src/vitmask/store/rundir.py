@@ -2,7 +2,8 @@
 
 Resolving a run (`resolve`), before anything is written:
 
-- `--resume PATH`: that checkpoint; the run dir is `--run-dir`, else PATH's folder.
+- `--resume PATH`: that checkpoint; the run dir is `--run-dir`, else PATH's folder. A fine-tuning
+  checkpoint (by either form) is refused, naming the `vitmask finetune` command that resumes it.
 - `--resume auto`: the run dir's newest checkpoint that loads: last.pt, else the step_*.pt files
   newest first. A damaged one is passed over with one warning line; a run dir whose checkpoints
   all fail to load is refused (it is never started afresh over them). No checkpoint at all: a
@@ -36,7 +37,8 @@ Owning the dir (`RunDir`, a context manager; under torchrun only rank 0 enters i
   writes in the dir (the lock, config.yaml, a checkpoint, an event file) is refused before
   anything is written, so no file elsewhere is ever written or removed through the run dir.
 - A full disk (or any failed write) during training ends in one line that says which file could
-  not be written, where, and which checkpoint is intact (`write_failure`).
+  not be written, where, which checkpoint is intact, and the command that resumes it
+  (`write_failure`; `vitmask finetune` names itself there, `WriteFailure.resumed_with`).
 """
 
 import contextlib
@@ -51,6 +53,7 @@ from pathlib import Path
 from vitmask.config import Config, flatten_config, load_config
 from vitmask.errors import UserError, warn
 from vitmask.outputs import WriteError, os_error_in, reason, write_error
+from vitmask.signals import resume_command
 from vitmask.store.checkpoint import (
     STEP_FILE,
     check_resumable,
@@ -201,8 +204,9 @@ def resolve(config: Path | None, overrides: list[str], run_dir: Path | None, res
     if resume is not None and resume != "auto":
         source = Path(resume)
         state = load_checkpoint(source)
-        check_resumable(state, source)
         run_dir = Path(run_dir) if run_dir is not None else source.parent
+        refuse_finetuning(state, source, run_dir, resume)
+        check_resumable(state, source)
         same_run = check_same_run(state, source, run_dir)
     elif resume == "auto":
         if run_dir is None:  # the config names the run dir
@@ -212,6 +216,7 @@ def resolve(config: Path | None, overrides: list[str], run_dir: Path | None, res
         found = newest_good_checkpoint(Path(run_dir))
         if found is not None:
             state, source = found
+            refuse_finetuning(state, source, Path(run_dir), resume)
     if state is None:
         if config is None:
             where = f" (no checkpoint in {run_dir} to continue)" if resume == "auto" else ""
@@ -228,6 +233,15 @@ def resolve(config: Path | None, overrides: list[str], run_dir: Path | None, res
         )
     run_id = state.get("run_id") if same_run and isinstance(state.get("run_id"), str) else new_run_id()
     return Resolved(Path(run_dir), asked, state, source, run_id, changes)
+
+
+def refuse_finetuning(state: dict, source: Path, run_dir: Path, resume: str) -> None:
+    """`vitmask train --resume` of a fine-tuning checkpoint: one line naming the command that resumes it."""
+    if state.get("task") == "finetune":
+        raise UserError(
+            f"checkpoint {source} is a fine-tuned classifier (vitmask finetune), not a masked-patch model, so vitmask "
+            f"train cannot resume it; resume it with: vitmask finetune --run-dir {run_dir} --resume {resume}"
+        )
 
 
 def new_run_id() -> str:
@@ -471,9 +485,30 @@ def last_checkpoint(run_dir: Path) -> tuple[Path, int] | None:
     return None
 
 
-def write_failure(e: BaseException, run_dir: Path, step: int) -> UserError | None:
-    """The one-line error for a failed write (a full disk, ...) during training, naming what
-    survived; None when `e` is not a failed write."""
+class WriteFailure(UserError):
+    """A failed write during training, in one line: what could not be written, where, why, and which
+    checkpoint is intact with the command that resumes it (`resumed_with` names another verb)."""
+
+    def __init__(self, step: int, what: str, run_dir: Path, why: str, kept: tuple[Path, int] | None, verb: str):
+        if kept is not None:
+            intact = (
+                f"the last checkpoint, {kept[0]} (step {kept[1]}), is intact; once there is room, "
+                f"resume with: {resume_command(verb, run_dir)}"
+            )
+        else:
+            intact = (
+                "no checkpoint had been written yet, so the run left nothing behind; run it again once there is room"
+            )
+        super().__init__(f"training stopped at step {step}: cannot write {what} in {run_dir}: {why}; {intact}")
+        self.parts = (step, what, run_dir, why, kept)
+
+    def resumed_with(self, verb: str) -> "WriteFailure":
+        return WriteFailure(*self.parts, verb)
+
+
+def write_failure(e: BaseException, run_dir: Path, step: int, verb: str = "train") -> WriteFailure | None:
+    """The one-line error for a failed write (a full disk, ...) during a run of `vitmask VERB`,
+    naming what survived; None when `e` is not a failed write."""
     if isinstance(e, WriteError):
         what, why = e.path.name, e.reason
     else:
@@ -482,15 +517,7 @@ def write_failure(e: BaseException, run_dir: Path, step: int) -> UserError | Non
             return None
         what = Path(os_err.filename).name if isinstance(os_err.filename, str) else "the TensorBoard event file"
         why = reason(os_err)
-    kept = last_checkpoint(run_dir)
-    if kept is not None:
-        intact = (
-            f"the last checkpoint, {kept[0]} (step {kept[1]}), is intact; once there is room, "
-            f"resume with: vitmask train --run-dir {run_dir} --resume auto"
-        )
-    else:
-        intact = "no checkpoint had been written yet, so the run left nothing behind; run it again once there is room"
-    return UserError(f"training stopped at step {step}: cannot write {what} in {run_dir}: {why}; {intact}")
+    return WriteFailure(step, what, run_dir, why, last_checkpoint(run_dir), verb)
 
 
 @contextlib.contextmanager
