@@ -7,9 +7,10 @@ train.max_steps = k x base (the schedule's warm-up stays as the config says, cap
 the run), and is timed around its steps alone (device-synchronised, compilation excluded: the first
 step's time is reported on its own). After each run:
 
-- the NLL bound (stratified, `vitmask eval --nll`'s estimator) on the test split and on as many
-  images of the train split (the first ones), to show where the model starts to fit its training
-  images better than unseen ones; for the trained (raw) weights and, with train.ema_decay, the EMA's;
+- the NLL bound (stratified, `vitmask eval --nll`'s estimator) on the test split (or its first
+  --nll-images images) and on as many images of the train split (the first ones), to show where
+  the model starts to fit its training images better than unseen ones; for the trained (raw)
+  weights and, with train.ema_decay, the EMA's;
 - accuracy and non-empty accuracy at mask ratio 0.5 (random masks) and in the centre box, on test;
 - for the largest run, the linear and k-NN probes (`vitmask probe`'s defaults).
 
@@ -61,6 +62,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--multipliers", default="1,4,16,64", help="budgets, in units of the base")
     p.add_argument("--deadline", type=float, default=1e9, help="skip runs that would end after this many seconds")
     p.add_argument("--nll-samples", type=int, default=2, help="draws per stratum and image of the NLL bound")
+    p.add_argument("--nll-images", type=int, default=0, help="NLL bound on the first N test and train images (0: all)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # one run of the parent's ladder
     p.add_argument("--calibrate", action="store_true", help=argparse.SUPPRESS)  # time the step, in a process alone
     p.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)  # a child run: probe its model
@@ -122,21 +124,24 @@ def train_run(cfg, splits, device, steps: int) -> tuple[Trainer, float, float]:
     return trainer, first, time.perf_counter() - t0
 
 
-def scores(ckpt: Path, cfg, splits, device, weights: str, nll_samples: int) -> dict:
-    """The NLL bound on test and on as many train images, r=0.5 and centre-box accuracy on test, of
-    one set of a checkpoint's weights (raw or ema)."""
-    test = evaluate_checkpoint(ckpt, "test", [0.5], str(device), centre_box=True, nll=True,
-                               nll_samples=nll_samples, weights=weights)  # fmt: skip
-    n = test["nll"]["images"]
+def scores(ckpt: Path, cfg, splits, device, weights: str, nll_samples: int, nll_images: int) -> dict:
+    """The NLL bound on the first `nll_images` test images (0: all) and on as many train images, r=0.5
+    and centre-box accuracy on the whole test split, of one set of a checkpoint's weights (raw or ema)."""
+    test = evaluate_checkpoint(ckpt, "test", [0.5], str(device), centre_box=True, weights=weights)
     model, _, _ = open_model(ckpt, str(device), 0, weights)
-    train_nll = nll_report(model, splits["train"].to(device), splits["train"][:n].to(device), cfg.data.patch_size,
-                           samples=nll_samples)  # fmt: skip
+    train = splits["train"].to(device)
+    n = min(nll_images or len(splits["test"]), len(splits["test"]), len(train))
+    nll = {
+        name: nll_report(model, train, images[:n].to(device), cfg.data.patch_size, samples=nll_samples)
+        for name, images in (("test", splits["test"]), ("train", train))
+    }
     ratio, box = test["results"][0], test["results"][1]
     return {
-        "test_nll": test["nll"]["nats"],
-        "test_nll_se": test["nll"]["se_mc"],
-        "train_nll": train_nll["nats"],
-        "train_nll_se": train_nll["se_mc"],
+        "nll_images": n,
+        "test_nll": nll["test"]["nats"],
+        "test_nll_se": nll["test"]["se_mc"],
+        "train_nll": nll["train"]["nats"],
+        "train_nll_se": nll["train"]["se_mc"],
         "r05": {m: ratio[m] for m in SCALARS},
         "centre_box": {m: box[m] for m in SCALARS},
     }
@@ -157,7 +162,7 @@ def run_one(args, cfg, splits, device, steps: int, k: int) -> Path:
         "pid": os.getpid(),  # each run's process is its own
     }
     for weights in ("raw", "ema") if trainer.ema is not None else ("raw",):
-        row[weights] = scores(ckpt, cfg, splits, device, weights, args.nll_samples)
+        row[weights] = scores(ckpt, cfg, splits, device, weights, args.nll_samples, args.nll_images)
     # the headline figures: the EMA's where there is one (what evaluation and export use by default)
     headline = row.get("ema", row["raw"])
     row.update(weights="ema" if "ema" in row else "raw", test_nll=headline["test_nll"], train_nll=headline["train_nll"])
@@ -169,7 +174,8 @@ def run_one(args, cfg, splits, device, steps: int, k: int) -> Path:
 def child_command(args, device, *extra: str) -> list[str]:
     cmd = [sys.executable, __file__, "--config", args.config, "--device", str(device)]
     cmd += [a for kv in args.set for a in ("--set", kv)]
-    cmd += ["--nll-samples", str(args.nll_samples), "--out", args.out, "--save-dir", args.save_dir]
+    cmd += ["--nll-samples", str(args.nll_samples), "--nll-images", str(args.nll_images)]
+    cmd += ["--out", args.out, "--save-dir", args.save_dir]
     return cmd + list(extra)
 
 
