@@ -2,7 +2,7 @@
 best validation loss so far.
 
 The metrics are `evaluate` (scores.py) at `mask.ratio` on the validation images: `train.eval_images`
-of the val split, spread evenly over it (`validation_images`; the whole split when it holds no
+of the val split, spread evenly over it (`scores.validation_images`; the whole split when it holds no
 more, or when eval_images is 0), with masks drawn from the config's seed, so every evaluation of a
 run scores the same images under the same masks. The grid shows the split's first eight images
 under fixed masks, the same at every evaluation. Both run under the training precision.
