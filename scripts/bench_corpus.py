@@ -239,7 +239,7 @@ def train_config(work: Path, corpus: Path, steps: int) -> Path:
         "train": {
             "max_steps": steps,
             "eval_every": steps,
-            "eval_batches": 4,
+            "eval_images": 1024,
             "checkpoint_every": steps // 2,
             "log_every": 10,
             "deterministic": True,

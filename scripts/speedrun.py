@@ -38,7 +38,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--ratio", type=float, default=0.5, help="mask ratio of the evaluation")
     p.add_argument("--budget", type=float, default=600.0, help="give up after this many seconds")
     p.add_argument("--eval-every", type=float, default=30.0, help="seconds of training between evaluations")
-    p.add_argument("--eval-batches", type=int, default=0, help="eval batches of 256 images (0 = whole val split)")
+    p.add_argument(
+        "--eval-batches",
+        type=int,
+        default=0,
+        help="eval batches of 256 images (0 = all the validation images: train.eval_images of val)",
+    )
     p.add_argument("--curve", default="", help="write the accuracy-versus-time curve to this CSV")
     p.add_argument("--save", default="", help="write the final checkpoint here (for vitmask eval)")
     return p.parse_args(argv)

@@ -97,6 +97,7 @@ MAX_DEPTH = 1024  # blocks: far beyond any model this trainer is for, and quick 
 INT_RANGE = (-(2**63), 2**63 - 1)
 SEED_KEYS = ("seed", "data.split_seed")  # their range is SEED_RANGE
 MAX_YAML_DEPTH = 32  # nested sections, lists and maps in a config file (a real one has 3)
+EVAL_BATCH = 256  # images per validation batch (scores.evaluate's): older configs' eval_batches unit (_upgrade)
 MAX_CONFIG_BYTES = 1 << 20  # a config file's size (a real one is under 4 KiB)
 
 
@@ -382,7 +383,7 @@ class TrainConfig:
     eval_every: int = 250  # steps between validations (and at the last step)
     checkpoint_every: int = 500  # steps between checkpoints (and at the last step)
     log_every: int = 25  # steps between training-scalar logs
-    eval_batches: int = 0  # validation batches per evaluation; 0 = the whole val split
+    eval_images: int = 10000  # val images per validation, spread evenly over the split, the same every time; 0 = all
     optimizer: Optimizer = "adam"  # adamw: decoupled decay; muon: on the blocks' matrices, AdamW elsewhere
     muon_dtype: MuonDtype = "fp32"  # muon: the dtype of its Newton-Schulz iteration, on every device
     weight_decay: float = 0.0  # decay of weight matrices only; never biases, norms, pos or mask_token; in [0, 1]
@@ -400,7 +401,7 @@ class TrainConfig:
     step_shapes: StepShapes = "auto"  # static: every token to the head, the loss weighted by the mask
     deterministic: bool = False  # ask torch for deterministic algorithms (slower; exact resume on CPU)
     keep_last: int = 3  # step_*.pt checkpoints kept in the run dir (last.pt and best.pt always kept)
-    probe_every: int = 0  # steps between online probes (k-NN and linear accuracy on val, from labels); 0 = off
+    probe_every: int = 0  # steps between online probes (k-NN and linear accuracy on the validation images); 0 = off
     probe_train_images: int = 2000  # online probe: the first this many train images are what the probes fit
     # EMA of the weights, kept in fp32 and updated after every step with decay min(ema_decay, (1 + t) / (10 + t))
     ema_decay: float = 0.0  # at update t (0-based): the warm-up of timm's ModelEma; 0 = off; in [0, 1)
@@ -415,7 +416,7 @@ class TrainConfig:
         )
         for k in ("max_steps", "eval_every", "checkpoint_every", "log_every", "accum_steps", "keep_last"):
             _check(getattr(self, k) >= 1, f"train.{k}", "must be >= 1")
-        _check(self.eval_batches >= 0, "train.eval_batches", "must be >= 0")
+        _check(self.eval_images >= 0, "train.eval_images", "must be >= 0 (0 = the whole val split)")
         _check(self.probe_every >= 0, "train.probe_every", "must be >= 0 (0 = off)")
         _check(self.probe_train_images >= 1, "train.probe_train_images", "must be >= 1")
         _check(0 <= self.weight_decay <= 1, "train.weight_decay", f"must be in [0, 1], got {self.weight_decay}")
@@ -658,10 +659,18 @@ def _upgrade(raw: dict[str, Any]) -> None:
 
     Before mask.ratio_schedule, a mask.ratio_range alone drew M uniformly over the range's counts:
     such a config (an old checkpoint's, or one that sets only the range) gets ratio_schedule uniform.
+
+    Before train.eval_images, train.eval_batches counted validation batches of 256 images, 0 (its
+    default) the whole val split: such a config gets eval_images 256 x eval_batches, 0 staying the
+    whole split, so a run resumed from an old checkpoint validates on as many images as before.
     """
     mask = raw.get("mask")
     if isinstance(mask, dict) and mask.get("ratio_range") is not None and "ratio_schedule" not in mask:
         mask["ratio_schedule"] = "uniform"
+    train = raw.get("train")
+    if isinstance(train, dict) and "eval_batches" in train and "eval_images" not in train:
+        batches = train.pop("eval_batches")
+        train["eval_images"] = batches * EVAL_BATCH if type(batches) is int and batches > 0 else batches
 
 
 def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> Config:

@@ -6,8 +6,11 @@ else is left to raise normally so that real bugs keep their tracebacks. `warn` p
 that does not stop anything.
 
 `Stopped` is raised by the CLI's SIGINT/SIGTERM handler outside the training loop (start-up, data
-loading, evaluation). It is a `BaseException`, like `KeyboardInterrupt`, so no `except Exception`
-swallows it, while every `finally` (lock release, clean-up of a half-made run dir) still runs.
+loading, evaluation), and by `signals.check_stop`, the per-batch stop point of every long loop,
+once a signal has been recorded inside the training loop (the trainer turns it into a checkpoint
+and `signals.Interrupted`). It is a `BaseException`, like `KeyboardInterrupt`, so no `except
+Exception` swallows it, while every `finally` (lock release, clean-up of a half-made run dir)
+still runs.
 """
 
 import os
@@ -25,7 +28,8 @@ class UserError(Exception):
 
 
 class Stopped(BaseException):
-    """The process got SIGINT or SIGTERM outside the training loop; `code` is 128 + the signal number."""
+    """The process got SIGINT or SIGTERM and the work under way is abandoned; `code` is 128 + the
+    signal number."""
 
     def __init__(self, signum: int):
         import signal

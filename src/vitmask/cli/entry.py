@@ -5,7 +5,9 @@ otherwise end in a long KeyboardInterrupt traceback (or, for SIGTERM, no word at
 CLI installs its own handlers, a signal prints one line and exits 130 (SIGINT) or 143 (SIGTERM):
 nothing has been read or written yet, so there is nothing to clean up. Once the command is over,
 the CLI ignores both signals (`commands._signals_raise_stopped`), so one during the interpreter's
-shut-down cannot turn a finished command into a silent death by signal.
+shut-down cannot turn a finished command into a silent death by signal. A command stopped by a
+signal (exit 130 or 143) ends the process as soon as its line is printed and its clean-up done,
+without the interpreter's tear-down of torch (`signals.end_stopped_process`).
 
 Importing torch also needs a writable temporary directory (its compile caches find one at import).
 On a full disk, or one where no file can be written, that import fails before any command runs:
@@ -15,7 +17,7 @@ one line on stderr and exit code 2, as for any other bad start.
 import signal
 import sys
 
-from vitmask.signals import early_stop
+from vitmask.signals import STOP_CODES, early_stop, end_stopped_process
 
 
 def main() -> None:
@@ -31,4 +33,9 @@ def main() -> None:
             "directory); free disk space, or set TMPDIR to a writable folder with room, and run again\n"
         )
         sys.exit(2)
-    cli_main()
+    try:
+        cli_main()
+    except SystemExit as e:
+        if e.code in STOP_CODES:  # stopped by SIGINT / SIGTERM: its one line is out, its clean-up done
+            end_stopped_process(e.code)
+        raise

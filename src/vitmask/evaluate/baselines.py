@@ -10,7 +10,8 @@ without a network.
   then to the per-position majority.
 
 Ties in every table go to the smallest class, so the baselines are exact and deterministic. All
-fitting and lookup is tensor ops (unique, scatter, searchsorted): no per-patch Python.
+fitting and lookup is tensor ops (unique, scatter, searchsorted): no per-patch Python. Fitting the
+tables is a stop point per batch (signals.check_stop).
 
 Shapes: n images, B batch, N = g * g patches, M masked patches per image, C token classes,
 K contexts in a table.
@@ -24,6 +25,7 @@ import torch.nn.functional as F
 from vitmask.config import Config
 from vitmask.data.batches import eval_batches
 from vitmask.data.patches import patches_to_classes, patchify
+from vitmask.signals import check_stop
 
 NAMES = ("majority", "position", "neighbour")
 LABELS = {"majority": "majority class", "position": "per-position majority", "neighbour": "8-neighbour table"}
@@ -131,6 +133,7 @@ def fit_baselines(
         for offsets in (EIGHT, FOUR):
             codes, centres = [], []
             for batch in eval_batches(train, cfg, ratio, seed, batch_size, strategy):
+                check_stop()
                 ctx = context_codes(batch.targets, batch.mask, data.grid, c, offsets)  # (B, N)
                 codes.append(ctx.gather(1, batch.ids).flatten())
                 centres.append(batch.masked_targets.flatten())

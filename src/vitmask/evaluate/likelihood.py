@@ -33,6 +33,8 @@ one bit per pixel (S^2 ln 2 nats).
 Exact forms, for small N: `order_nll` (one order, N forward passes) and `enumerated_bound` (every
 hidden set), which equals the mean of `order_nll` over all N! orders.
 
+Every forward pass of the estimator and of the exact forms is a stop point (signals.check_stop).
+
 Shapes: n images, B rows of a forward pass, H = W = S side, N patches, P pixels per patch,
 C classes, S strata, K draws per stratum.
 """
@@ -45,6 +47,7 @@ import torch
 from vitmask.data.patches import patches_to_classes, patchify
 from vitmask.errors import UserError
 from vitmask.model.vit import predict_every_patch
+from vitmask.signals import check_stop
 
 MAX_CLASSES = 2**16  # the bound needs the model's softmax over every patch class: 4x4 patches at most
 MAX_ENUMERATED_PATCHES = 16  # enumerated_bound draws 2^N - 1 hidden sets per image
@@ -117,6 +120,7 @@ def nll_bound(
     values = []
     bar = tqdm(range(0, n, per_image), desc="nll", leave=False, disable=None if progress else True)  # terminal only
     for start in bar:
+        check_stop()
         chunk = images[start : start + per_image]  # (b, H, W)
         b = len(chunk)
         u = torch.rand(b, strata, samples, generator=gen, dtype=torch.float64)  # (b, S, K)
@@ -144,6 +148,7 @@ def order_nll(model: torch.nn.Module, images: torch.Tensor, patch_size: int, ord
     total = torch.zeros(len(images), dtype=torch.float64, device=images.device)
     mask = torch.ones(pix.shape[:2], dtype=torch.bool, device=images.device)  # (n, N) all hidden
     for i in order.tolist():
+        check_stop()
         logp = model(pix.float(), mask).float().log_softmax(-1)  # (n, N, C)
         total -= logp[:, i].gather(1, truth[:, i : i + 1]).squeeze(1).double()
         mask[:, i] = False
@@ -167,6 +172,7 @@ def enumerated_bound(model: torch.nn.Module, images: torch.Tensor, patch_size: i
     pix = patchify(images, patch_size)  # (n, N, P)
     out = []
     for x in pix:
+        check_stop()
         ell = masked_nll(model, x.expand(len(sets), -1, -1), sets)  # (2^N-1,)
         out.append((ell / per_size[sizes]).sum())  # sum over m of the mean over sets of size m
     return torch.stack(out)

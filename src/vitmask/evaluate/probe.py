@@ -21,7 +21,11 @@ beat. The majority class of the train split is the last floor. Nothing is random
 weights, which come from the seed, so a report is repeatable.
 
 The online probe (`train.probe_every`) is the k-NN and linear probe on val during training, from
-the first `train.probe_train_images` train images, with a fixed L2 strength.
+the first `train.probe_train_images` train images, with a fixed L2 strength, scored on the
+validation's own images (`train.eval_images` of val, spread over it: scores.validation_images).
+
+Every long loop here is a stop point (signals.check_stop): each batch of features, each chunk of
+k-NN queries, each loss evaluation of L-BFGS.
 
 Features are pooled by the grid by default (`--pool grid`, 4 x 4 cells, or as many as the patch
 grid has when it has fewer): on the shipped MNIST model the linear probe scores 0.983 so, and 0.943
@@ -41,7 +45,9 @@ from vitmask.config import Config
 from vitmask.data.batches import LabelledSplits
 from vitmask.data.patches import patchify
 from vitmask.errors import UserError
+from vitmask.evaluate.scores import validation_images
 from vitmask.model.vit import MaskedPatchViT, build_model
+from vitmask.signals import check_stop
 
 TEMPERATURE = 0.07  # DINO's k-NN temperature: a neighbour's vote weighs exp(similarity / 0.07)
 L2_GRID = (1e-1, 1e-2, 1e-3, 1e-4, 1e-5)  # linear probe: L2 strengths tried on val, strongest first
@@ -99,6 +105,7 @@ def extract_features(
     device = next(model.parameters()).device
     out = []
     for chunk in images.split(FEATURE_BATCH):
+        check_stop()
         patches = patchify(chunk.to(device), patch_size).float()  # (b, N, P)
         # nothing masked, so no fill applies: every token sees the whole image
         pooled = [pool_tokens(model.forward_encoder(patches, depth=k), grid) for k in as_layers(layer)]
@@ -144,7 +151,8 @@ def fit_linear(
         [weight, bias], lr=1.0, max_iter=iters, history_size=20, tolerance_grad=1e-6, line_search_fn="strong_wolfe"
     )
 
-    def closure():
+    def closure():  # L-BFGS calls it once per evaluation of the loss: a stop point
+        check_stop()
         opt.zero_grad()
         loss = F.cross_entropy(x @ weight.T + bias, y) + l2 * weight.square().sum()  # logits (n, C)
         loss.backward()
@@ -175,6 +183,7 @@ def knn_predict(
     bank = F.normalize(train_x, dim=1)  # (n, D)
     preds = []
     for q in query_x.split(chunk):
+        check_stop()
         sim = F.normalize(q, dim=1) @ bank.T  # (b, n) cosine similarities
         top, idx = sim.topk(k, dim=1)  # (b, k), (b, k)
         votes = torch.zeros(len(q), num_classes, device=q.device)  # (b, C)
@@ -371,17 +380,20 @@ class OnlineProbe:
 
     Fitted on the first `train.probe_train_images` train images (k = 20, or all of them if fewer),
     the linear probe with L2 strength ONLINE_L2, on the features of the default pooling (the 4 x 4
-    grid of token means, fewer cells on a smaller patch grid). Runs in fp32 under no_grad, consumes no random
-    numbers, and leaves the model in the mode it found it, so it does not change training.
+    grid of token means, fewer cells on a smaller patch grid); scored on the validation's images
+    (`train.eval_images` of val, spread evenly over it). Runs in fp32 under no_grad, consumes no
+    random numbers, and leaves the model in the mode it found it, so it does not change training.
     """
 
     def __init__(self, cfg: Config, data: LabelledSplits, device: torch.device):
         labels = require_labels(data, cfg)
         n = cfg.train.probe_train_images
         check_classes(labels["train"][:n], f"the first {n:,} train images", "raise train.probe_train_images")
-        indexed, self.num_classes = class_indices({"train": labels["train"][:n], "val": labels["val"]})
+        val = validation_images(data.images["val"], cfg)  # the validation's images, and their labels alike
+        val_labels = validation_images(labels["val"], cfg)
+        indexed, self.num_classes = class_indices({"train": labels["train"][:n], "val": val_labels})
         self.labels = {s: y.to(device) for s, y in indexed.items()}
-        self.images = {"train": data.images["train"][:n].to(device), "val": data.images["val"].to(device)}
+        self.images = {"train": data.images["train"][:n].to(device), "val": val.to(device)}
         self.k = min(20, len(self.images["train"]))
         self.patch_size = cfg.data.patch_size
         self.grid = check_pool(DEFAULT_POOL, None, cfg)

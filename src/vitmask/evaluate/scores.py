@@ -1,7 +1,8 @@
 """Scoring a model, and the baselines beside it, on masked patches.
 
 Every predictor (the model, each baseline) gets a `MaskedPatchMetrics` (metrics.py): sums kept on
-the device while the split streams through in batches, read back once at the end. From them come
+the device while the split streams through in batches, read back once at the end. Each batch is a
+stop point (signals.check_stop). From them come
 the loss, the accuracy on all masked patches, on non-empty ones (true class not 0, the empty
 patch), the bit (pixel) accuracy, and for the model the per-class accuracy and the most frequent
 confusions.
@@ -15,9 +16,19 @@ from tqdm import tqdm
 
 from vitmask.config import Config
 from vitmask.data.batches import eval_batches, eval_strategy
+from vitmask.data.packed import spread
 from vitmask.data.patches import patch_label
 from vitmask.evaluate.baselines import LABELS, NAMES, Baselines, fit_baselines
 from vitmask.evaluate.metrics import SCALARS, MaskedPatchMetrics
+from vitmask.signals import check_stop
+
+
+def validation_images(val, cfg: Config):
+    """What a validation during training scores: `train.eval_images` images of the val split `val`
+    (a tensor, PackedImages, or the labels of one) spread evenly over it, in order, the same ones
+    every time; all of them when the split holds no more, or when eval_images is 0."""
+    limit = cfg.train.eval_images
+    return val if limit == 0 else spread(val, limit)
 
 
 @torch.inference_mode()
@@ -60,6 +71,7 @@ def evaluate(
     for i, batch in enumerate(bar):
         if max_batches and i >= max_batches:
             break
+        check_stop()  # a stop signal recorded during training ends the evaluation within a batch
         logits = model(batch.patches, batch.mask, batch.ids).float()  # (B, M, C)
         targets = batch.masked_targets  # (B, M)
         loss_sum = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="sum")

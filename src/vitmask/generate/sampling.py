@@ -22,6 +22,7 @@ Temperature 0 with the `confidence` order and no choice noise is deterministic: 
 that `vitmask inpaint` has always made. Random draws come from a `torch.Generator` on the model's
 device, so a seed repeats a result there. Everything is batched on the device; rows may hide
 different counts (`predict_every_patch`: an encoder-decoder model gets one call per distinct count).
+Each round is a stop point (signals.check_stop).
 
 Shapes: B images, H = W side, N patches, P pixels per patch, C classes, T rounds.
 """
@@ -34,6 +35,7 @@ import torch
 from vitmask.data.patches import classes_to_patches, patches_to_classes, patchify, unpatchify
 from vitmask.errors import UserError
 from vitmask.model.vit import predict_every_patch
+from vitmask.signals import check_stop
 
 ORDERS = ("confidence", "random")
 
@@ -120,6 +122,7 @@ def decode_masked(
     for t in range(rounds):
         if not busy[t]:
             continue
+        check_stop()
         logp = predict_every_patch(model, pix, hidden).float().log_softmax(-1)  # (B, N, C)
         if options.temperature == 0:
             guess = logp.argmax(-1)  # (B, N)

@@ -74,7 +74,7 @@ RESUMABLE = (
     "train.eval_every",
     "train.checkpoint_every",
     "train.log_every",
-    "train.eval_batches",
+    "train.eval_images",
     "train.keep_last",
     "train.compile",
     "train.compile_mode",

@@ -6,7 +6,8 @@ best loss so far: `best.pt`. Under torchrun only rank 0 writes, and every rank w
 Without a run dir nothing is written.
 
 The state is passed as a function (the trainer's `state_dict`), so ranks that do not write never
-build it.
+build it. A save has no stop point: a stop signal during one lets it finish, since it is the
+checkpoint the stop needs, and the trainer then stops without writing another (signals.py).
 """
 
 from collections.abc import Callable

@@ -39,10 +39,12 @@ from vitmask.data.patches import patchify
 from vitmask.data.prefetch import StepImages
 from vitmask.errors import UserError
 from vitmask.evaluate.probe import FEATURE_BATCH, check_classes, class_indices, pool_tokens, require_labels
+from vitmask.evaluate.scores import validation_images
 from vitmask.model.vit import MaskedPatchViT, build_model
 from vitmask.runtime import distributed
 from vitmask.runtime.distributed import World
 from vitmask.runtime.process import autocast
+from vitmask.signals import check_stop
 from vitmask.store.checkpoint import check_model_state
 from vitmask.store.export import drop_prediction_head
 from vitmask.train.optim import decays, lr_factor
@@ -232,12 +234,14 @@ class ClassifierMetrics:
 
 @torch.no_grad()
 def classify(model: nn.Module, images: torch.Tensor, patch_size: int, precision: str) -> torch.Tensor:
-    """images (n, H, W) uint8 -> logits (n, L) float32, in batches, in eval mode (the mode is restored)."""
+    """images (n, H, W) uint8 -> logits (n, L) float32, in batches, in eval mode (the mode is restored);
+    each batch a stop point (signals.check_stop)."""
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
     out = []
     for chunk in images.split(FEATURE_BATCH):
+        check_stop()
         with autocast(precision, device):
             out.append(model(patchify(chunk.to(device), patch_size).float()).float())  # (b, L)
     model.train(was_training)
@@ -245,7 +249,8 @@ def classify(model: nn.Module, images: torch.Tensor, patch_size: int, precision:
 
 
 class ClassifierValidator:
-    """Loss and accuracy on the val labels, the majority-class accuracy beside them, the best loss so far."""
+    """Loss and accuracy on the val labels (of the validation's images: `train.eval_images` of val,
+    spread evenly over it), the majority-class accuracy beside them, the best loss so far."""
 
     def __init__(self, cfg: Config, images: torch.Tensor, labels: torch.Tensor, majority: int, device: torch.device):
         self.cfg, self.images, self.labels = cfg, images.to(device), labels.to(device)
@@ -341,7 +346,8 @@ class FinetuneTrainer(Trainer):
 
     def build_validator(self, splits: dict[str, torch.Tensor]) -> ClassifierValidator:
         majority = int(torch.bincount(self.labels["train"], minlength=self.num_labels).argmax())
-        return ClassifierValidator(self.cfg, splits["val"], self.labels["val"], majority, self.device)
+        images, labels = (validation_images(x, self.cfg) for x in (splits["val"], self.labels["val"]))
+        return ClassifierValidator(self.cfg, images, labels, majority, self.device)
 
     def forward_loss(self, mb: LabelledBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         with autocast(self.cfg.train.precision, self.device):

@@ -7,7 +7,9 @@ is recorded there (divergence.py), and both are read on logging steps and before
 
 Everything else is a component: process setup (process.prepare_process), validation and the
 reconstruction grid (validation.py), checkpoint cadence and best.pt (checkpointer.py), console
-lines, TensorBoard and hparams (report.py), SIGINT/SIGTERM (signals.py), the online probe every
+lines, TensorBoard and hparams (report.py), SIGINT/SIGTERM (signals.py: a stop is acted on after the
+step, or within a batch of the validation or the probe, which are then redone first on resume), the
+online probe every
 `train.probe_every` steps beside validation (probe.OnlineProbe, given by the runner on rank 0),
 the EMA of the weights with `train.ema_decay` (ema.py: updated after every step, validated beside
 the raw weights, best.pt following its validation loss). A new run may start from given weights
@@ -31,7 +33,7 @@ import torch.nn.functional as F
 
 from vitmask.config import Config
 from vitmask.data.batches import Batch, BatchSampler, training_images
-from vitmask.errors import UserError
+from vitmask.errors import Stopped, UserError
 from vitmask.evaluate.metrics import MaskedPatchMetrics
 from vitmask.model.vit import build_model
 from vitmask.runtime import distributed, process
@@ -45,6 +47,8 @@ from vitmask.train.ema import WeightEMA
 from vitmask.train.optim import build_optimizer, build_scheduler
 from vitmask.train.report import Reporter
 from vitmask.train.validation import Validator
+
+EVALUATIONS = ("validation", "probe")  # what may run after a step, in this order; a stop may cut either short
 
 
 def masked_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -126,6 +130,7 @@ class Trainer:
         self.run_id: str | None = None  # the run's id, saved in every checkpoint (rundir.py)
         self._stepped = False  # whether a step has run in this process (a compiled one compiles)
         self.last_val: dict[str, dict[str, float]] = {}  # the last validation's numbers ("raw", "ema"), saved
+        self.pending: tuple[str, ...] = ()  # this step's EVALUATIONS a stop cut short (saved; redone on resume)
 
     # ---- the task (hooks) -------------------------------------------------------------------
     def build_network(self) -> torch.nn.Module:
@@ -219,7 +224,8 @@ class Trainer:
             self.net, self.cuda_graphs = compiled, cuda_graphs
 
     def evaluate(self, max_batches: int | None = None, ratio: float | None = None) -> dict[str, float]:
-        """Validation metrics at `ratio` (default mask.ratio) on train.eval_batches (or max_batches) batches."""
+        """Validation metrics at `ratio` (default mask.ratio) on the validation images (train.eval_images of
+        val; their first `max_batches` batches of 256, when given)."""
         return self.validator.evaluate(self.model, max_batches, ratio)
 
     # ---- state ------------------------------------------------------------------------------
@@ -238,6 +244,7 @@ class Trainer:
             "run_id": self.run_id,
             "val": self.last_val,
             "init": self.init,
+            "pending": list(self.pending),
             **({"ema": self.ema.state_dict()} if self.ema is not None else {}),
         }
 
@@ -254,6 +261,8 @@ class Trainer:
         self.sampler.seek(self.step)  # the data order is a function of the step
         self.validator.best_loss = float(state["best_val_loss"])
         self.init = state.get("init") if isinstance(state.get("init"), dict) else None
+        pending = state.get("pending", [])  # absent from checkpoints that no stop cut short
+        self.pending = tuple(n for n in pending if n in EVALUATIONS) if isinstance(pending, list) else ()
         if self.ema is not None:
             if not isinstance(state.get("ema"), dict):
                 raise UserError("the checkpoint holds no EMA weights (an 'ema' entry) although train.ema_decay is set")
@@ -261,27 +270,39 @@ class Trainer:
 
     # ---- the loop ---------------------------------------------------------------------------
     def fit(self, run_dir: Path | None = None, progress: bool | None = None) -> dict[str, float]:
-        """Train until train.max_steps; validate, log and checkpoint on the configured cadence."""
+        """Train until train.max_steps; validate, log and checkpoint on the configured cadence.
+
+        A stop signal is acted on after the step it arrives in, or within a batch when it arrives
+        during the step's validation or online probe: those are abandoned, a checkpoint of the step
+        is written with them in `pending`, and a resume redoes them before its first step (and then
+        writes the step's checkpoint where one was due), so the resumed run reports, keeps best.pt,
+        checkpoints and trains exactly as the unbroken one."""
         train = self.cfg.train
         checkpointer = Checkpointer(run_dir, train, self.world)
         self.reporter.start(self.step, progress)
         val: dict[str, float] = {}
         with StopSignals() as stop:
+            if self.pending:  # resumed from a stop that cut this step's evaluations short: redo them
+                val = self._evaluations(checkpointer, self.pending) or val
+                saved = not self.pending and checkpointer.due(self.step)  # as the unbroken run saved after them
+                if saved:
+                    self._save(checkpointer)
+                self._stop_if_asked(stop, checkpointer, saved)
             while self.step < train.max_steps:
                 self._run_step()
                 self.reporter.advance()
                 last = self.step == train.max_steps
                 if self.step % train.log_every == 0 or last:
                     self._log_train()
-                if self.step % train.eval_every == 0 or last:
-                    val = self._validate(checkpointer)
-                if self.probe is not None and (self.step % train.probe_every == 0 or last):
-                    self._probe()
+                due = {
+                    "validation": self.step % train.eval_every == 0 or last,
+                    "probe": self.probe is not None and (self.step % train.probe_every == 0 or last),
+                }
+                val = self._evaluations(checkpointer, tuple(k for k in EVALUATIONS if due[k])) or val
                 saved = checkpointer.due(self.step)
                 if saved:
                     self._save(checkpointer)
-                if distributed.any_rank(stop.received is not None or self.reporter.stdout_closed, self.world):
-                    self._stop(self._stop_cause(stop), checkpointer, saved)
+                self._stop_if_asked(stop, checkpointer, saved)
         self.reporter.end()
         if not val:
             val = self.evaluate()
@@ -306,16 +327,39 @@ class Trainer:
         self._grad_norm_sum.zero_()
         self._steps_since_log = 0
 
+    def _evaluations(self, checkpointer: Checkpointer, due: tuple[str, ...]) -> dict[str, float]:
+        """Run the EVALUATIONS `due` at this step, in order; return the validation's metrics ({} if
+        none ran). A stop signal during one (signals.check_stop raises Stopped within a batch) abandons
+        it and those after it: they stay in `pending`, which the stop's checkpoint keeps."""
+        self.pending = due
+        val: dict[str, float] = {}
+        try:
+            for name in due:
+                if name == "validation":
+                    val = self._validate(checkpointer)
+                elif self.probe is not None:  # the probe runs on rank 0 only, and may be off on resume
+                    self._probe()
+                self.pending = tuple(p for p in self.pending if p != name)
+        except Stopped:
+            pass  # the stop is acted on after this step's checkpoint: _stop_if_asked
+        return val
+
     def _validate(self, checkpointer: Checkpointer) -> dict[str, float]:
+        """Validate the weights (and the EMA's), draw the grid, then report them and keep best.pt. The
+        reports and best.pt come after everything a stop may cut short, so a cut validation leaves no
+        trace and its redo on resume reports it once."""
         self.divergence.check(self.world)
         val = self.evaluate()
-        self.reporter.validation(self.step, val, lambda: self.validator.reconstruction(self.model))
+        ema = self.validator.evaluate(self.ema.module) if self.ema is not None else None
+        grid = self.validator.reconstruction(self.model) if self.world.main else None  # drawn on rank 0 only
+        self.reporter.validation(self.step, val, lambda: grid)
         watched = val  # what best.pt follows: the EMA's validation loss when there is an EMA
         self.last_val = {"raw": plain_numbers(val)}
-        if self.ema is not None:
-            watched = self.validator.evaluate(self.ema.module)
+        if ema is not None:
+            watched = ema
             self.reporter.validation_ema(self.step, watched)
             self.last_val["ema"] = plain_numbers(watched)
+        self.pending = tuple(p for p in self.pending if p != "validation")  # done: best.pt holds it whole
         if self.validator.improved(watched):
             checkpointer.save_best(self.state_dict)
         return val
@@ -329,6 +373,11 @@ class Trainer:
         self.divergence.check(self.world)
         return checkpointer.save(self.state_dict)
 
+    def _stop_if_asked(self, stop: StopSignals, checkpointer: Checkpointer, saved: bool) -> None:
+        """Stop when any rank got a signal or lost its stdout (a CPU collective, not a GPU sync)."""
+        if distributed.any_rank(stop.received is not None or self.reporter.stdout_closed, self.world):
+            self._stop(self._stop_cause(stop), checkpointer, saved)
+
     def _stop_cause(self, stop: StopSignals) -> int:
         """The signal a stop is reported as: the one received, SIGPIPE for a closed stdout, or SIGTERM
         (another rank's)."""
@@ -340,7 +389,7 @@ class Trainer:
         """After a signal: write a checkpoint (unless this step did) and raise Interrupted."""
         self.reporter.end()
         path = None if checkpointer.run_dir is None else checkpointer.last if saved else self._save(checkpointer)
-        raise interrupted(signum, self.step, checkpointer.run_dir, path)
+        raise interrupted(signum, self.step, checkpointer.run_dir, path, self.pending)
 
     def close(self) -> None:
         self.sampler.close()

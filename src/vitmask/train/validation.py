@@ -1,10 +1,14 @@
 """Validation during training: the val split's masked-patch metrics, the reconstruction grid, and the
 best validation loss so far.
 
-The metrics are `evaluate` (evaluate.py) at `mask.ratio` on `train.eval_batches` batches, with masks
-drawn from the config's seed, so every evaluation of a run scores the same masks. The grid shows
-eight fixed val images under fixed masks, the same at every evaluation. Both run under the
-training precision.
+The metrics are `evaluate` (scores.py) at `mask.ratio` on the validation images: `train.eval_images`
+of the val split, spread evenly over it (`scores.validation_images`; the whole split when it holds no
+more, or when eval_images is 0), with masks drawn from the config's seed, so every evaluation of a
+run scores the same images under the same masks. The grid shows the split's first eight images
+under fixed masks, the same at every evaluation. Both run under the training precision.
+
+Both are stop points: `evaluate` checks for a recorded stop signal once per batch and the grid
+once it is drawn (signals.check_stop), so a SIGTERM ends a validation of any size within a batch.
 
 Shapes: B grid images, N patches.
 """
@@ -18,8 +22,9 @@ from vitmask.data.batches import Batch, make_batch
 from vitmask.data.masking import num_masked, random_mask
 from vitmask.data.packed import PackedImages, spread
 from vitmask.data.patches import class_counts
-from vitmask.evaluate.scores import evaluate
+from vitmask.evaluate.scores import evaluate, validation_images
 from vitmask.runtime.process import autocast
+from vitmask.signals import check_stop
 
 GRID_IMAGES = 8  # val images in the TensorBoard reconstruction grid
 COUNTED_IMAGES = 1 << 20  # packed train splits: images the majority class is counted over
@@ -29,7 +34,8 @@ class Validator:
     def __init__(self, cfg: Config, splits: dict[str, torch.Tensor], device: torch.device):
         self.cfg = cfg
         self.device = device
-        self.images = splits["val"].to(device)
+        self.images = validation_images(splits["val"], cfg).to(device)
+        self.grid_images = splits["val"][:GRID_IMAGES].to(device)  # (B, H, W): the split's first images
         train = splits["train"]
         if isinstance(train, PackedImages):  # a corpus of any size: the majority class of 2^20 images spread over it
             train = spread(train, COUNTED_IMAGES)
@@ -41,19 +47,19 @@ class Validator:
     def _grid_batch(self) -> Batch:
         """Fixed val images and masks for the reconstruction grid, the same at every evaluation."""
         c = self.cfg
-        images = self.images[:GRID_IMAGES]
+        images = self.grid_images
         g = torch.Generator(device=self.device).manual_seed(c.seed)
         n = c.data.num_patches
         ids, mask = random_mask(len(images), n, num_masked(n, c.mask.ratio), g, self.device)
         return make_batch(images, c.data.patch_size, ids, mask)
 
     def evaluate(self, model: torch.nn.Module, max_batches: int | None = None, ratio: float | None = None) -> dict:
-        """Validation metrics at `ratio` (default mask.ratio) on train.eval_batches (or max_batches) batches."""
+        """Validation metrics at `ratio` (default mask.ratio) on the validation images (the first
+        `max_batches` batches of them, when given). A recorded stop signal raises `Stopped` within a batch."""
         c = self.cfg
-        limit = c.train.eval_batches if max_batches is None else max_batches
         ratio = c.mask.ratio if ratio is None else ratio
         with autocast(c.train.precision, self.device):
-            return evaluate(model, self.images, c, ratio, c.seed, self.majority_class, max_batches=limit)
+            return evaluate(model, self.images, c, ratio, c.seed, self.majority_class, max_batches=max_batches or 0)
 
     @torch.no_grad()
     def reconstruction(self, model: torch.nn.Module) -> torch.Tensor:
@@ -66,7 +72,9 @@ class Validator:
         with autocast(self.cfg.train.precision, self.device):
             pred = model(b.patches, b.mask).argmax(-1)  # (B, N)
         model.train(was_training)
-        return reconstruction_grid(self.images[: len(pred)], b.mask, pred, self.cfg.data.patch_size)
+        grid = reconstruction_grid(self.grid_images, b.mask, pred, self.cfg.data.patch_size)
+        check_stop()  # drawing it may have imported torchvision: a second or more on a cold start
+        return grid
 
     def improved(self, val: dict) -> bool:
         """Whether `val` beats the best validation loss so far; if so it becomes the best."""
