@@ -18,6 +18,9 @@ leaves nothing; an `--out` that exists and holds files is refused.
 Loading: `load_pretrained(DIR)` is the model in eval mode. `load_model(PATH, device, weights)` is
 what every verb that takes `--checkpoint` calls: a `.pt` checkpoint (its EMA weights when it has
 them, unless `weights="raw"`) or an export dir, checked file by file, one line for anything wrong.
+A fine-tuned classifier (a `vitmask finetune` checkpoint, or an export whose config.json says
+`"task": "classifier"`) is no masked-patch model: these loaders refuse it in one line, and
+store/classifier.py loads and exports it.
 """
 
 import dataclasses
@@ -33,6 +36,7 @@ from torch import nn
 
 from vitmask import __version__
 from vitmask.config import Config, config_from_dict, dump_config
+from vitmask.data.processor import ImageProcessor
 from vitmask.errors import UserError
 from vitmask.model.vit import MaskedPatchViT, build_model
 from vitmask.outputs import write_error
@@ -162,6 +166,7 @@ def load_export(
 ) -> LoadedModel:
     """An export dir's model (eval mode, on `device`), its config and config.json as `state`."""
     path = Path(path)
+    reject_classifier_export(path)
     check_weights(weights, flag)
     meta = read_export_config(path)
     if weights is not None and weights != meta["weights"]:
@@ -182,13 +187,17 @@ def load_export(
 
 
 def load_pretrained(path: str | Path, device: torch.device | str = "cpu") -> MaskedPatchViT:
-    """The model of an export dir, in eval mode, on `device` (no pickle is read):
+    """The model of an export dir, in eval mode, on `device` (no pickle is read), with its
+    preprocessing as `model.processor` (data/processor.py):
 
     import vitmask
     model = vitmask.load_pretrained("export/mnist")
+    patches = model.processor(images).patches  # uint8 (B, H, W) gray images -> (B, N, P) 0/1 pixels
     logits = model(patches, mask)  # (B, N, P) pixels, (B, N) bool -> (B, N, C)
     """
-    return load_export(path, device).model
+    loaded = load_export(path, device)
+    loaded.model.processor = ImageProcessor.from_config(loaded.config)
+    return loaded.model
 
 
 def load_model(
@@ -231,12 +240,37 @@ def loaded_weights(path: str | Path, state: dict[str, Any], weights: str | None)
     return checkpoint_weights(state, path, weights)[1], state
 
 
+CLASSIFIER_TASK = "classifier"  # config.json's `task` of a fine-tuned classifier's export (store/classifier.py)
+CLASSIFIER_USES = "vitmask predict, eval and export take it"
+
+
 def reject_task_checkpoint(state: dict[str, Any], path: Path) -> None:
     """A fine-tuned classifier's checkpoint is no masked-patch model: one line that says so."""
     if state.get("task") == "finetune":
         raise UserError(
-            f"checkpoint {path} is a fine-tuned classifier (vitmask finetune), not a masked-patch model; "
-            "pass the checkpoint it was fine-tuned from, or resume the fine-tuning with vitmask finetune"
+            f"checkpoint {path} is a fine-tuned classifier (vitmask finetune), not a masked-patch model "
+            f"({CLASSIFIER_USES}); here pass the checkpoint it was fine-tuned from, or resume the fine-tuning "
+            "with vitmask finetune"
+        )
+
+
+def export_task(path: str | Path) -> str | None:
+    """config.json's `task` of an export dir: "classifier" for a fine-tuned classifier, None for a
+    masked-patch model, and None for a config.json that cannot be read (its loader says what is wrong)."""
+    try:
+        meta = json.loads((Path(path) / CONFIG_FILE).read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    task = meta.get("task") if isinstance(meta, dict) else None
+    return task if isinstance(task, str) else None
+
+
+def reject_classifier_export(path: Path) -> None:
+    """A fine-tuned classifier's export dir is no masked-patch model: one line that says so."""
+    if export_task(path) == CLASSIFIER_TASK:
+        raise UserError(
+            f"export dir {path} holds a fine-tuned classifier (vitmask finetune), not a masked-patch model "
+            f"({CLASSIFIER_USES}); here pass the masked-patch export or checkpoint it was fine-tuned from"
         )
 
 
@@ -358,9 +392,22 @@ def model_card(meta: dict[str, Any], cfg: Config, params: int) -> str:
 
 def write_export(model: nn.Module, cfg: Config, meta: dict[str, Any], out: Path, onnx: bool = False) -> list[Path]:
     """Write the export dir `out` through a temp dir beside it, renamed into place; returns its files."""
-    from safetensors.torch import save_file
-
     from vitmask.store.onnx_export import export_onnx
+
+    return write_export_files(
+        model,
+        meta,
+        out,
+        lambda meta, params: model_card(meta, cfg, params),
+        (lambda file: export_onnx(model, cfg, file)) if onnx else None,
+    )
+
+
+def write_export_files(model: nn.Module, meta: dict[str, Any], out: Path, card, write_onnx=None) -> list[Path]:
+    """Write an export dir: the weights, config.json (`meta` and their SHA-256), the card
+    (`card(meta, params)`) and, with `write_onnx(file)`, model.onnx; through a temp dir beside `out`,
+    renamed into place. Returns its files."""
+    from safetensors.torch import save_file
 
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -371,9 +418,9 @@ def write_export(model: nn.Module, cfg: Config, meta: dict[str, Any], out: Path,
         meta = {**meta, "sha256": {WEIGHTS_FILE: sha256_of(tmp / WEIGHTS_FILE)}}
         (tmp / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
         params = sum(p.numel() for p in model.parameters())
-        (tmp / CARD_FILE).write_text(model_card(meta, cfg, params))
-        if onnx:
-            export_onnx(model, cfg, tmp / ONNX_FILE)
+        (tmp / CARD_FILE).write_text(card(meta, params))
+        if write_onnx is not None:
+            write_onnx(tmp / ONNX_FILE)
         if out.is_dir():
             out.rmdir()  # empty: checked before the work
         os.replace(tmp, out)

@@ -303,9 +303,10 @@ class FinetuneTrainer(Trainer):
         return {**super().state_dict(), "task": "finetune", "pretrained": self.pretrained, "labels": self.classes}
 
     def test_accuracy(self, images: torch.Tensor) -> float:
-        """Accuracy on the test split (the EMA's weights when there is an EMA)."""
+        """Accuracy on the test split (the EMA's weights when there is an EMA), in fp32 as `vitmask eval`
+        and `vitmask predict` score a classifier, so the three agree."""
         model = self.ema.module if self.ema is not None else self.model
-        logits = classify(model, images, self.cfg.data.patch_size, self.cfg.train.precision)  # (n, L)
+        logits = classify(model, images, self.cfg.data.patch_size, "fp32")  # (n, L)
         return float((logits.argmax(1) == self.labels["test"].to(logits.device)).float().mean())
 
 
