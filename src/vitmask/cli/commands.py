@@ -194,13 +194,19 @@ def probe(
     as_json: bool = typer.Option(False, "--json", help="Print the same numbers as one JSON object."),
     device: str = DeviceOpt,
     weights: str = WeightsOpt,
+    per_class: int = typer.Option(
+        0,
+        "--per-class",
+        help="Probe at most K images of each class of each split, a seeded choice (0: every image); "
+        "how a pack of any size is probed.",
+    ),
 ) -> None:
     """Linear and k-NN probes on the labels: fitted on train, scored on --split, beside raw pixels,
     random weights and the majority class."""
     from vitmask.evaluate.probe import format_report
 
     layers = layer[0] if len(layer) == 1 else (layer or None)
-    report = verbs.probe_checkpoint(checkpoint, split, layers, k, seed, device, pool, grid, weights)
+    report = verbs.probe_checkpoint(checkpoint, split, layers, k, seed, device, pool, grid, weights, per_class)
     print(json.dumps(report) if as_json else format_report(report))
 
 

@@ -293,6 +293,7 @@ def evaluate_classifier(
     matrix; with `confusion`, its picture as a PNG. Logits as `vitmask.load_classifier` computes them."""
     from tqdm import tqdm
 
+    from vitmask.data.per_class import take_per_class
     from vitmask.data.processor import ProcessedImages
     from vitmask.evaluate.classify import classifier_report, confusion_image, confusion_matrix
     from vitmask.evaluate.probe import require_labels
@@ -308,7 +309,9 @@ def evaluate_classifier(
     if confusion is not None:
         check_out_file(confusion, "--confusion", **data_inputs(cfg))
     data = load_data(cfg, device, load_labelled_splits)
-    labels = require_labels(data, cfg)
+    require_labels(data, cfg)
+    data = take_per_class(data, cfg.finetune.per_class, cfg)  # the images fine-tuning read (finetune.per_class)
+    labels = data.labels
     target = class_targets(labels[split], classes.values, split)  # (n,)
     train = class_targets(labels["train"], classes.values, "train")
     images, p = data.images[split], cfg.data.patch_size
@@ -538,17 +541,25 @@ def probe_checkpoint(
     pool: str = "grid",
     grid: int | None = None,
     weights: str | None = None,
+    per_class: int = 0,
 ) -> dict:
     """The probe report of a checkpoint (probe.py): linear and k-NN accuracy on `split` of its
     features (`layer`, `pool`, `grid`: see `run_probes`), of random weights and of raw pixels, and
-    the majority class."""
+    the majority class. With `per_class` K, on at most K images of each class of each split
+    (data/per_class.py): how a pack of any size is probed."""
+    from vitmask.data.per_class import take_per_class, unpacked_splits
+    from vitmask.evaluate.probe import require_labels
+
     if split not in ("val", "test"):
         raise UserError(f"unknown split '{split}' for probe; use val or test (the probes are fitted on train)")
+    if per_class < 0:
+        raise UserError(f"--per-class must be at least 0 (0: every image), got {per_class}")
     model, cfg, device = open_model(path, device_name, seed, weights, need_head=False)
     data = load_data(cfg, device, load_labelled_splits)
-    data.images = {s: x.unpacked() if isinstance(x, PackedImages) else x for s, x in data.images.items()}
+    require_labels(data, cfg)
+    data = unpacked_splits(take_per_class(data, per_class, cfg), "pass --per-class K to probe K images of each class")
     report = run_probes(model, cfg, data, split, layer, k, seed, pool, grid)
-    return {"checkpoint": str(path), **report}
+    return {"checkpoint": str(path), "per_class": per_class or None, **report}
 
 
 def export(path: Path, out: Path, weights: str | None = None, encoder_only: bool = False, onnx: bool = False) -> dict:

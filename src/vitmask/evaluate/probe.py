@@ -331,8 +331,9 @@ def format_report(report: dict) -> str:
     """The probe report as a plain-text table: one row per feature kind, linear and k-NN side by side."""
     n, r, split = report["images"], report["results"], report["split"]
     caveat = "; scored on the split L2 was chosen on, so a little optimistic" if split == "val" else ""
+    subset = f", at most {report['per_class']:,} of each class" if report.get("per_class") else ""
     lines = [
-        f"probe of {report.get('checkpoint', 'the model')} on {split} ({n[split]:,} images); "
+        f"probe of {report.get('checkpoint', 'the model')} on {split} ({n[split]:,} images{subset}); "
         f"fitted on train ({n['train']:,}), L2 chosen on val ({n['val']:,}); {report['classes']} classes; "
         f"seed {report['seed']}{caveat}",
         f"features: {report['features']} ({report['feature_dim']}-d)",

@@ -39,6 +39,7 @@ from vitmask.data.batches import EpochOrder, LabelledSplits, mix64
 from vitmask.data.class_names import class_names
 from vitmask.data.masking import random_mask
 from vitmask.data.patches import patchify
+from vitmask.data.per_class import take_per_class, unpacked_splits
 from vitmask.data.prefetch import StepImages
 from vitmask.evaluate.probe import FEATURE_BATCH, check_classes, class_indices, require_labels
 from vitmask.model.classifier import Classifier, pool_grid
@@ -238,7 +239,8 @@ class ClassifierReporter(Reporter):
 # ---- the trainer ------------------------------------------------------------------------------------
 class FinetuneTrainer(Trainer):
     """The Trainer on the classification task. `encoder` is the pretrained model's state dict (None:
-    the encoder starts from its random init, the from-scratch baseline)."""
+    the encoder starts from its random init, the from-scratch baseline). `data` is cut to
+    finetune.per_class images of each class of each split first (`self.data`: what it reads)."""
 
     def __init__(
         self,
@@ -250,7 +252,9 @@ class FinetuneTrainer(Trainer):
         world=None,
         pretrained: str | None = None,
     ):
-        labels = require_labels(data, cfg)
+        require_labels(data, cfg)
+        self.data = data = per_class_data(data, cfg)  # the images this trainer reads (finetune.per_class)
+        labels = data.labels
         check_classes(labels["train"], "the train split's images", "label the images with their real classes")
         self.labels, self.num_labels = class_indices(labels)
         values = torch.cat(list(labels.values())).unique().tolist()  # the label value of each class index
@@ -308,6 +312,15 @@ class FinetuneTrainer(Trainer):
         model = self.ema.module if self.ema is not None else self.model
         logits = classify(model, images, self.cfg.data.patch_size, "fp32")  # (n, L)
         return float((logits.argmax(1) == self.labels["test"].to(logits.device)).float().mean())
+
+
+def per_class_data(data: LabelledSplits, cfg: Config) -> LabelledSplits:
+    """The splits fine-tuning reads: with finetune.per_class K, at most K images of each class of each
+    split (data/per_class.py), in memory (a pack's unpacked); else the splits as loaded."""
+    if cfg.finetune.per_class == 0:
+        return data
+    subset = take_per_class(data, cfg.finetune.per_class, cfg)
+    return unpacked_splits(subset, "lower finetune.per_class")
 
 
 def group_factor(t: TrainConfig, frozen: int):
