@@ -347,7 +347,8 @@ def export(
     ),
 ) -> None:
     """Write the model as model.safetensors, config.json and a README.md model card (and model.onnx),
-    which vitmask.load_pretrained(DIR) and every verb's --checkpoint read back."""
+    which vitmask.load_pretrained(DIR) and every verb's --checkpoint read back. A fine-tuned classifier
+    (vitmask finetune's checkpoint) exports with its classes: vitmask.load_classifier, predict and eval read it."""
     r = verbs.export(checkpoint, out, weights, encoder_only, onnx)
     part = "the classifier" if r.get("classifier") else "the encoder" if r["encoder_only"] else "the whole model"
     print(f"wrote {r['out']}: {', '.join(r['files'])} ({part}, {r['weights']} weights)")

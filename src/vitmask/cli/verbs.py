@@ -11,19 +11,24 @@ import math
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
 from vitmask.config import Config, check_seed, config_from_dict, dump_config, load_config
 from vitmask.data.batches import SPLITS, eval_batches, load_labelled_splits, load_splits
 from vitmask.data.masking import centre_box_mask
 from vitmask.data.packed import PackedImages, spread
+from vitmask.data.per_class import take_per_class, unpacked_splits
 from vitmask.data.preprocess import binarize_images, load_image_file
+from vitmask.data.processor import ProcessedImages
 from vitmask.errors import UserError, warn
+from vitmask.evaluate.classify import classifier_report, confusion_image, confusion_matrix
 from vitmask.evaluate.likelihood import check_nll_args, nll_report
 from vitmask.evaluate.pictures import image_grid, paste_predictions, reconstruction_grid, save_binary_image, save_grid
-from vitmask.evaluate.probe import online_probe, run_probes
+from vitmask.evaluate.probe import online_probe, require_labels, run_probes
 from vitmask.evaluate.scores import evaluate_split
 from vitmask.generate.inpaint import boxes_to_mask, check_patch_mask, mask_image_to_pixels, parse_box, pixels_to_patches
 from vitmask.generate.sampling import DecodeOptions, decode_masked, sample_images
+from vitmask.inference.classifier import BATCH, ImageClassifier
 from vitmask.model.memory_estimate import check_fits, check_model_fits
 from vitmask.model.params import ParamRow, param_rows
 from vitmask.model.vit import build_model
@@ -236,8 +241,12 @@ def evaluate_checkpoint(
     _check_split(split)
     ratios = [ratios] if isinstance(ratios, (int, float)) else list(ratios or [])
     if classifiers.is_classifier(path):
-        masked_only = {"--mask-ratio": bool(ratios), "--strategy": strategy is not None, "--centre-box": centre_box}
-        masked_only["--nll"] = nll
+        masked_only = {
+            "--mask-ratio": bool(ratios),
+            "--strategy": strategy is not None,
+            "--centre-box": centre_box,
+            "--nll": nll,
+        }
         for flag, given in masked_only.items():
             if given:
                 raise UserError(
@@ -291,14 +300,6 @@ def evaluate_classifier(
     """The eval report of a fine-tuned classifier (evaluate/classify.py) on `split` (val or test) of the
     data it was fine-tuned on: accuracy, per-class accuracy, the majority class and the confusion
     matrix; with `confusion`, its picture as a PNG. Logits as `vitmask.load_classifier` computes them."""
-    from tqdm import tqdm
-
-    from vitmask.data.per_class import take_per_class
-    from vitmask.data.processor import ProcessedImages
-    from vitmask.evaluate.classify import classifier_report, confusion_image, confusion_matrix
-    from vitmask.evaluate.probe import require_labels
-    from vitmask.inference.classifier import BATCH, ImageClassifier
-
     if split not in ("val", "test"):
         raise UserError(f"unknown split '{split}' for a classifier; use val or test (it was fine-tuned on train)")
     if confusion is not None:
@@ -547,9 +548,6 @@ def probe_checkpoint(
     features (`layer`, `pool`, `grid`: see `run_probes`), of random weights and of raw pixels, and
     the majority class. With `per_class` K, on at most K images of each class of each split
     (data/per_class.py): how a pack of any size is probed."""
-    from vitmask.data.per_class import take_per_class, unpacked_splits
-    from vitmask.evaluate.probe import require_labels
-
     if split not in ("val", "test"):
         raise UserError(f"unknown split '{split}' for probe; use val or test (the probes are fitted on train)")
     if per_class < 0:

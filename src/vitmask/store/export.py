@@ -375,6 +375,7 @@ def model_card(meta: dict[str, Any], cfg: Config, params: int) -> str:
         "```python",
         "import vitmask",
         'model = vitmask.load_pretrained("DIR")  # eval mode, on the CPU; no pickle is read',
+        "patches = model.processor(images).patches  # uint8 (B, H, W) gray images -> (B, N, P) 0/1 pixels",
         "logits = model(patches, mask)  # (B, N, P) 0/1 pixels, (B, N) bool True = hidden -> (B, N, C)",
         "```",
         "",
