@@ -412,7 +412,8 @@ def predict(
     from vitmask.cli.predict import predict as predict_verb
 
     r = predict_verb(checkpoint, input_path, out, top_k, batch_size, weights, device, split, npz_key)
-    print(f"wrote {r['out']}: {r['images']:,} images, the top {r['top_k']} of {r['classes']} classes each")
+    images = f"{r['images']:,} image{'' if r['images'] == 1 else 's'}"
+    print(f"wrote {r['out']}: {images}, the top {r['top_k']} of {r['classes']} classes each")
 
 
 @app.command()
