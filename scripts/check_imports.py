@@ -29,6 +29,7 @@ LAYERS = [
     {"generate"},
     {"store"},
     {"train"},
+    {"inference"},
     {"cli", "__main__"},
     {"__init__"},
 ]

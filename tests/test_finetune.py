@@ -114,7 +114,9 @@ def test_the_cli_fine_tunes_resumes_and_reports_the_baselines(run_cli, pretraine
     assert more.returncode == 0, more.stderr
     assert "resuming" in more.stdout and "from step 4" in more.stdout
     assert load_checkpoint(run / "last.pt")["step"] == 6
-    assert_user_error(run_cli("eval", "--checkpoint", run / "last.pt"), "fine-tuned classifier")
+    assert_user_error(
+        run_cli("sample", "--checkpoint", run / "last.pt", "--out", tmp_path / "s.png"), "fine-tuned classifier"
+    )
 
 
 def test_bad_finetune_input_is_one_line_and_leaves_nothing(run_cli, pretrained, tmp_path):

@@ -444,6 +444,7 @@ class FinetuneConfig:
     # regularisers of the training batches only (never val or test), drawn per step from the run's seed:
     shift: int = 0  # move each image by a random whole number of pixels in [-shift, shift] per axis (0 fill); 0 = off
     mask_ratio: float = 0.0  # hide round(mask_ratio * N) random patches of each image from the encoder; 0 = off; [0, 1)
+    per_class: int = 0  # read at most this many images of each class from each split, a seeded choice; 0 = all
 
     def __post_init__(self) -> None:
         _finite(self, "finetune.")
@@ -455,6 +456,7 @@ class FinetuneConfig:
             0 < self.layer_decay <= 1, "finetune.layer_decay", f"must be in (0, 1] (1 = off), got {self.layer_decay}"
         )
         _check(self.freeze_steps >= 0, "finetune.freeze_steps", f"must be >= 0, got {self.freeze_steps}")
+        _check(self.per_class >= 0, "finetune.per_class", f"must be >= 0 (0 = every image), got {self.per_class}")
         _check(self.head_init_std > 0, "finetune.head_init_std", f"must be > 0, got {self.head_init_std}")
 
 

@@ -130,18 +130,39 @@ def eval_(
     ),
     device: str = DeviceOpt,
     weights: str = WeightsOpt,
+    confusion: Path = typer.Option(
+        None,
+        "--confusion",
+        help="A fine-tuned classifier: also write its confusion matrix as this PNG (rows: true, columns: predicted).",
+    ),
 ) -> None:
     """Score a checkpoint on masked patches beside three baselines on the same masks: the majority
     class, the per-position majority and an 8-neighbour lookup table learned from the train split.
-    With --nll, also an upper bound on each image's negative log-likelihood."""
+    With --nll, also an upper bound on each image's negative log-likelihood. A fine-tuned classifier
+    (vitmask finetune) is scored on the labels: accuracy, per-class accuracy, the confusion matrix."""
+    from vitmask.evaluate.classify import format_classifier_report
     from vitmask.evaluate.likelihood import format_nll
     from vitmask.evaluate.scores import format_report
 
     report = verbs.evaluate_checkpoint(
-        checkpoint, split, mask_ratio, device, seed, strategy, centre_box, nll, nll_strata, nll_samples, weights
+        checkpoint,
+        split,
+        mask_ratio,
+        device,
+        seed,
+        strategy,
+        centre_box,
+        nll,
+        nll_strata,
+        nll_samples,
+        weights,
+        confusion,
     )
     if as_json:
         print(json.dumps(report))
+        return
+    if report.get("task") == "classifier":
+        print(format_classifier_report(report))
         return
     print(format_report(report))
     if "nll" in report:
@@ -173,13 +194,19 @@ def probe(
     as_json: bool = typer.Option(False, "--json", help="Print the same numbers as one JSON object."),
     device: str = DeviceOpt,
     weights: str = WeightsOpt,
+    per_class: int = typer.Option(
+        0,
+        "--per-class",
+        help="Probe at most K images of each class of each split, a seeded choice (0: every image); "
+        "how a pack of any size is probed.",
+    ),
 ) -> None:
     """Linear and k-NN probes on the labels: fitted on train, scored on --split, beside raw pixels,
     random weights and the majority class."""
     from vitmask.evaluate.probe import format_report
 
     layers = layer[0] if len(layer) == 1 else (layer or None)
-    report = verbs.probe_checkpoint(checkpoint, split, layers, k, seed, device, pool, grid, weights)
+    report = verbs.probe_checkpoint(checkpoint, split, layers, k, seed, device, pool, grid, weights, per_class)
     print(json.dumps(report) if as_json else format_report(report))
 
 
@@ -320,9 +347,10 @@ def export(
     ),
 ) -> None:
     """Write the model as model.safetensors, config.json and a README.md model card (and model.onnx),
-    which vitmask.load_pretrained(DIR) and every verb's --checkpoint read back."""
+    which vitmask.load_pretrained(DIR) and every verb's --checkpoint read back. A fine-tuned classifier
+    (vitmask finetune's checkpoint) exports with its classes: vitmask.load_classifier, predict and eval read it."""
     r = verbs.export(checkpoint, out, weights, encoder_only, onnx)
-    part = "the encoder" if r["encoder_only"] else "the whole model"
+    part = "the classifier" if r.get("classifier") else "the encoder" if r["encoder_only"] else "the whole model"
     print(f"wrote {r['out']}: {', '.join(r['files'])} ({part}, {r['weights']} weights)")
 
 
@@ -358,6 +386,34 @@ def finetune(
         print(f"  from scratch    {r['from_scratch']:.4f}  (the same classifier from a random init, same budget)")
     if "linear_probe" in r:
         print(f"  linear probe    {r['linear_probe']:.4f}  (of {r['checkpoint']}, the same pooling)")
+
+
+@app.command()
+def predict(
+    checkpoint: Path = typer.Option(
+        ..., "--checkpoint", help="A fine-tuned classifier: vitmask finetune's .pt checkpoint or its export dir."
+    ),
+    input_path: Path = typer.Option(
+        ...,
+        "--input",
+        help="An image file (PNG, JPEG, BMP), a folder of them (recursively), an .npz archive or a pack dir "
+        "(vitmask pack).",
+    ),
+    out: Path = typer.Option(..., "--out", help="The file to write, new: .csv or .json, one record per image."),
+    top_k: int = typer.Option(1, "--top-k", help="Classes per image, likeliest first (1 to the classifier's count)."),
+    batch_size: int = typer.Option(256, "--batch-size", help="Images read and classified at a time."),
+    split: str = typer.Option(None, "--split", help="A pack dir: train | val | test only (default: all its images)."),
+    npz_key: str = typer.Option("images", "--npz-key", help="An .npz archive: the key of its image array."),
+    weights: str = WeightsOpt,
+    device: str = DeviceOpt,
+) -> None:
+    """Classify images with a fine-tuned classifier: each image's top-k classes (by name where the
+    labels have names) and their probabilities, through the preprocessing it was trained with."""
+    from vitmask.cli.predict import predict as predict_verb
+
+    r = predict_verb(checkpoint, input_path, out, top_k, batch_size, weights, device, split, npz_key)
+    images = f"{r['images']:,} image{'' if r['images'] == 1 else 's'}"
+    print(f"wrote {r['out']}: {images}, the top {r['top_k']} of {r['classes']} classes each")
 
 
 @app.command()

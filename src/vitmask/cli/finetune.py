@@ -11,6 +11,7 @@ import torch
 
 from vitmask.cli import verbs
 from vitmask.config import Config, load_config
+from vitmask.data.per_class import unpacked_splits
 from vitmask.errors import UserError
 from vitmask.evaluate.probe import run_probes
 from vitmask.model.memory_estimate import check_fits
@@ -47,7 +48,8 @@ def finetune(
 
         def make_trainer(cfg, data, device, logger=None, world=None, probe=None):
             encoder = pretrained.model.state_dict() if pretrained is not None else None
-            made["data"], made["trainer"] = data, FinetuneTrainer(cfg, data, device, encoder, logger, world, source)
+            made["trainer"] = FinetuneTrainer(cfg, data, device, encoder, logger, world, source)
+            made["data"] = made["trainer"].data  # finetune.per_class's subset, or the splits as loaded
             return made["trainer"]
 
         owner = rundir.RunDir(plan.run_dir, plan.state is None, auto=resume == "auto") if world.main else None
@@ -82,6 +84,7 @@ def _finetune_baselines(cfg: Config, data, device: torch.device, source: str | N
     scratch.fit(None, progress=False)
     out = {"from_scratch": scratch.test_accuracy(data.images["test"])}
     if source is not None and Path(source).exists():
+        data = unpacked_splits(data, "set finetune.per_class (images per class), or pass --no-baselines")
         model, pre_cfg, _ = load_model(source, device, weights, need_head=False)
         pool = cfg.finetune.pool
         grid = cfg.finetune.grid if pool == "grid" else None

@@ -11,19 +11,24 @@ import math
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
 from vitmask.config import Config, check_seed, config_from_dict, dump_config, load_config
 from vitmask.data.batches import SPLITS, eval_batches, load_labelled_splits, load_splits
 from vitmask.data.masking import centre_box_mask
 from vitmask.data.packed import DamagedRows, PackedImages, spread
+from vitmask.data.per_class import take_per_class, unpacked_splits
 from vitmask.data.preprocess import binarize_images, load_image_file
+from vitmask.data.processor import ProcessedImages
 from vitmask.errors import UserError, warn
+from vitmask.evaluate.classify import classifier_report, confusion_image, confusion_matrix
 from vitmask.evaluate.likelihood import check_nll_args, nll_report
 from vitmask.evaluate.pictures import image_grid, paste_predictions, reconstruction_grid, save_binary_image, save_grid
-from vitmask.evaluate.probe import online_probe, run_probes
+from vitmask.evaluate.probe import online_probe, require_labels, run_probes
 from vitmask.evaluate.scores import evaluate_split
 from vitmask.generate.inpaint import boxes_to_mask, check_patch_mask, mask_image_to_pixels, parse_box, pixels_to_patches
 from vitmask.generate.sampling import DecodeOptions, decode_masked, sample_images
+from vitmask.inference.classifier import BATCH, ImageClassifier
 from vitmask.model.memory_estimate import check_fits, check_model_fits
 from vitmask.model.params import ParamRow, param_rows
 from vitmask.model.vit import build_model
@@ -31,6 +36,7 @@ from vitmask.outputs import check_not_a_link_loop, check_out_file, reason, write
 from vitmask.runtime import distributed
 from vitmask.runtime.memory import is_out_of_memory, out_of_memory
 from vitmask.runtime.process import resolve_device
+from vitmask.store import classifier as classifiers
 from vitmask.store import export as exports
 from vitmask.store import rundir
 from vitmask.store.checkpoint import (
@@ -236,14 +242,35 @@ def evaluate_checkpoint(
     nll_strata: int = 16,
     nll_samples: int = 2,
     weights: str | None = None,
+    confusion: Path | None = None,
 ) -> dict:
     """The eval report of a checkpoint: the model and the baselines at each mask ratio (default: the
     config's), on `split`, with masks of `strategy` (default the config's, mixed read as random)
     drawn from `seed`; with `centre_box`, also the centre box; with `nll`, the likelihood bound
     and its baselines (likelihood.nll_report) under "nll". `path` is a .pt checkpoint or an export
-    dir; `weights` ema | raw picks a checkpoint's weights (default: the EMA's when it has them)."""
+    dir; `weights` ema | raw picks a checkpoint's weights (default: the EMA's when it has them). A
+    fine-tuned classifier gets `evaluate_classifier`'s report instead (`confusion`: its PNG)."""
     _check_split(split)
     ratios = [ratios] if isinstance(ratios, (int, float)) else list(ratios or [])
+    if classifiers.is_classifier(path):
+        masked_only = {
+            "--mask-ratio": bool(ratios),
+            "--strategy": strategy is not None,
+            "--centre-box": centre_box,
+            "--nll": nll,
+        }
+        for flag, given in masked_only.items():
+            if given:
+                raise UserError(
+                    f"{flag} scores a masked-patch model, and {path} is a fine-tuned classifier, which eval scores "
+                    f"by its accuracy on the labels; leave {flag} out"
+                )
+        return evaluate_classifier(path, split, device_name, weights, confusion)
+    if confusion is not None:
+        raise UserError(
+            f"--confusion draws a fine-tuned classifier's confusion matrix, and {path} is a masked-patch model; "
+            "leave --confusion out, or pass a classifier (vitmask finetune's checkpoint or its export)"
+        )
     for r in ratios:
         check_ratio(r)
     if strategy is not None and strategy not in EVAL_STRATEGIES:
@@ -277,6 +304,63 @@ def evaluate_checkpoint(
     if nll:
         report["nll"] = nll_report(model, train, images, data.patch_size, nll_strata, nll_samples, seed, progress=True)
     return report
+
+
+def evaluate_classifier(
+    path: Path, split: str, device_name: str, weights: str | None = None, confusion: Path | None = None
+) -> dict:
+    """The eval report of a fine-tuned classifier (evaluate/classify.py) on `split` (val or test) of the
+    data it was fine-tuned on: accuracy, per-class accuracy, the majority class and the confusion
+    matrix; with `confusion`, its picture as a PNG. Logits as `vitmask.load_classifier` computes them."""
+    if split not in ("val", "test"):
+        raise UserError(f"unknown split '{split}' for a classifier; use val or test (it was fine-tuned on train)")
+    if confusion is not None:
+        check_out_file(confusion, "--confusion", inputs=(path,))
+    device = resolve_device(device_name)
+    classifier = ImageClassifier(classifiers.load_classifier_model(path, device, weights))
+    cfg, classes = classifier.config, classifier.classes
+    if confusion is not None:
+        check_out_file(confusion, "--confusion", **data_inputs(cfg))
+    data = load_data(cfg, device, load_labelled_splits)
+    require_labels(data, cfg)
+    data = take_per_class(data, cfg.finetune.per_class, cfg)  # the images fine-tuning read (finetune.per_class)
+    labels = data.labels
+    target = class_targets(labels[split], classes.values, split)  # (n,)
+    train = class_targets(labels["train"], classes.values, "train")
+    images, p = data.images[split], cfg.data.patch_size
+    logits = []
+    with tqdm(total=len(images), desc=f"eval {split}", unit="img", leave=False, disable=None) as bar:
+        for chunk in images.split(BATCH):  # (b, S, S) 0/1, a packed split unpacked a batch at a time
+            logits.append(classifier.logits(ProcessedImages(chunk, p)))  # (b, L)
+            bar.update(len(chunk))
+    pred = torch.cat(logits).argmax(1) if logits else torch.zeros(0, dtype=torch.long)
+    counts = confusion_matrix(pred, target, len(classes))  # (L, L)
+    majority = int(torch.bincount(train, minlength=len(classes)).argmax())
+    report = {"checkpoint": str(path), "task": "classifier", "split": split, "weights": classifier.weights}
+    report.update(classifier_report(counts, classes.names, classes.values, majority))
+    report["confusion_png"] = None
+    if confusion is not None:
+        picture = confusion_image(counts, classes.names)
+        write_atomically(confusion, lambda f: picture.save(f, format="PNG"), "--confusion")
+        report["confusion_png"] = str(confusion)
+    return report
+
+
+def class_targets(labels: torch.Tensor, values: list[int], split: str) -> torch.Tensor:
+    """A split's label values (n,) -> the classifier's class indices (n,); a value it was not trained on
+    is one line."""
+    known = torch.tensor(values, dtype=torch.long)
+    order = known.argsort()
+    at = torch.searchsorted(known[order], labels).clamp(max=len(known) - 1)  # (n,)
+    found = known[order][at] == labels
+    if not bool(found.all()):
+        value = int(labels[~found][0])
+        raise UserError(
+            f"the {split} split holds images labelled {value}, a class the classifier was not fine-tuned on "
+            f"(its classes: {', '.join(map(str, values[:20]))}{' ...' if len(values) > 20 else ''}); score it on "
+            "the data it was fine-tuned on"
+        )
+    return order[at]
 
 
 BASELINE_TRAIN_IMAGES = 1 << 20  # packed train splits: the baselines are fitted on this many, spread over it
@@ -470,21 +554,29 @@ def probe_checkpoint(
     pool: str = "grid",
     grid: int | None = None,
     weights: str | None = None,
+    per_class: int = 0,
 ) -> dict:
     """The probe report of a checkpoint (probe.py): linear and k-NN accuracy on `split` of its
     features (`layer`, `pool`, `grid`: see `run_probes`), of random weights and of raw pixels, and
-    the majority class."""
+    the majority class. With `per_class` K, on at most K images of each class of each split
+    (data/per_class.py): how a pack of any size is probed."""
     if split not in ("val", "test"):
         raise UserError(f"unknown split '{split}' for probe; use val or test (the probes are fitted on train)")
+    if per_class < 0:
+        raise UserError(f"--per-class must be at least 0 (0: every image), got {per_class}")
     model, cfg, device = open_model(path, device_name, seed, weights, need_head=False)
     data = load_data(cfg, device, load_labelled_splits)
-    data.images = {s: x.unpacked() if isinstance(x, PackedImages) else x for s, x in data.images.items()}
+    require_labels(data, cfg)
+    data = unpacked_splits(take_per_class(data, per_class, cfg), "pass --per-class K to probe K images of each class")
     report = run_probes(model, cfg, data, split, layer, k, seed, pool, grid)
-    return {"checkpoint": str(path), **report}
+    return {"checkpoint": str(path), "per_class": per_class or None, **report}
 
 
 def export(path: Path, out: Path, weights: str | None = None, encoder_only: bool = False, onnx: bool = False) -> dict:
-    """Write a checkpoint's model (or an export dir's) as an export dir (store/export.py)."""
+    """Write a checkpoint's model (or an export dir's) as an export dir (store/export.py; a fine-tuned
+    classifier's: store/classifier.py)."""
+    if classifiers.is_classifier(path):
+        return classifiers.export_classifier(path, out, weights, encoder_only, onnx)
     return exports.export(path, out, weights, encoder_only, onnx)
 
 

@@ -35,7 +35,6 @@ Shapes: n images, D feature width, C classes, k neighbours, N patches, P pixels 
 g patches per side of the grid (N = g * g), G cells per side of the pooling grid.
 """
 
-import math
 from collections.abc import Sequence
 
 import torch
@@ -46,6 +45,7 @@ from vitmask.data.batches import LabelledSplits
 from vitmask.data.patches import patchify
 from vitmask.errors import UserError
 from vitmask.evaluate.scores import validation_images
+from vitmask.model.pooling import pool_tokens
 from vitmask.model.vit import MaskedPatchViT, build_model
 from vitmask.signals import check_stop
 
@@ -62,23 +62,6 @@ DEFAULT_GRID = 4  # --pool grid without --grid: 4 x 4 cells (of 4 x 4 patches on
 
 
 # ---- features -------------------------------------------------------------------------------------
-def pool_tokens(tokens: torch.Tensor, grid: int | None = None) -> torch.Tensor:
-    """tokens (n, N, D) of a g x g patch grid (row-major, as `patchify` numbers them) -> features.
-
-    grid None: (n, D), the mean over the N tokens. grid G (1..g): (n, G*G*D), the mean of each of
-    the G x G cells; cells row-major, each cell's D features together. Cell i spans patch rows (and
-    columns) floor(i g / G) to ceil((i + 1) g / G) - 1, as torch's AdaptiveAvgPool2d cuts them: c x c
-    patches each when G divides g (c = g / G).
-    """
-    if grid is None:
-        return tokens.mean(1)  # (n, D)
-    n, num_tokens, d = tokens.shape
-    g = math.isqrt(num_tokens)
-    maps = tokens.transpose(1, 2).reshape(n, d, g, g)  # (n, D, g, g): patch r * g + c at row r, column c
-    cells = F.adaptive_avg_pool2d(maps, grid)  # (n, D, G, G)
-    return cells.permute(0, 2, 3, 1).flatten(1)  # (n, G, G, D) -> (n, G*G*D)
-
-
 def as_layers(layer: int | Sequence[int] | None) -> tuple[int | None, ...]:
     """--layer as a tuple: (None,) for the final normalised tokens, else the blocks in the order given."""
     if layer is None:
@@ -357,8 +340,9 @@ def format_report(report: dict) -> str:
     """The probe report as a plain-text table: one row per feature kind, linear and k-NN side by side."""
     n, r, split = report["images"], report["results"], report["split"]
     caveat = "; scored on the split L2 was chosen on, so a little optimistic" if split == "val" else ""
+    subset = f", at most {report['per_class']:,} of each class" if report.get("per_class") else ""
     lines = [
-        f"probe of {report.get('checkpoint', 'the model')} on {split} ({n[split]:,} images); "
+        f"probe of {report.get('checkpoint', 'the model')} on {split} ({n[split]:,} images{subset}); "
         f"fitted on train ({n['train']:,}), L2 chosen on val ({n['val']:,}); {report['classes']} classes; "
         f"seed {report['seed']}{caveat}",
         f"features: {report['features']} ({report['feature_dim']}-d)",

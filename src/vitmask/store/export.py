@@ -22,6 +22,9 @@ config.json at most 1 MiB, nested at most 32 levels, its integers convertible, i
 run's record too, `check_training_record`) of the types vitmask writes; model.safetensors with
 the SHA-256 config.json names, every tensor float32 and finite, and fitting the config. A
 checkpoint has both its weight entries checked, the one not loaded too (`check_weight_entries`).
+A fine-tuned classifier (a `vitmask finetune` checkpoint, or an export whose config.json says
+`"task": "classifier"`) is no masked-patch model: these loaders refuse it in one line, and
+store/classifier.py loads and exports it.
 """
 
 import dataclasses
@@ -39,6 +42,7 @@ from torch import nn
 
 from vitmask import __version__
 from vitmask.config import INT_RANGE, MAX_CONFIG_BYTES, MAX_YAML_DEPTH, Config, config_from_dict, dump_config
+from vitmask.data.processor import ImageProcessor
 from vitmask.errors import UserError
 from vitmask.model.vit import MaskedPatchViT, build_model
 from vitmask.outputs import write_error
@@ -105,10 +109,10 @@ def _bad_export(path: Path, what: str) -> UserError:
 MAX_JSON_DEPTH = MAX_YAML_DEPTH  # nested objects and lists in config.json (one vitmask writes has 5)
 
 
-def read_export_config(path: str | Path) -> dict[str, Any]:
-    """config.json of an export dir, checked: present, at most MAX_CONFIG_BYTES, JSON nested at most
-    MAX_JSON_DEPTH levels, this format, with its entries (`check_training_record` for the run's)."""
-    path = Path(path)
+def read_config_json(path: Path) -> Any:
+    """config.json of the export dir `path`, parsed with every guard a hostile file needs: present, at
+    most MAX_CONFIG_BYTES, JSON nested at most MAX_JSON_DEPTH levels, no integer past Python's limit on
+    digits. One line (a UserError) for anything wrong; nothing about its entries is checked here."""
     file = path / CONFIG_FILE
     if not file.is_file():
         raise _bad_export(path, f"{CONFIG_FILE} is missing")
@@ -129,6 +133,14 @@ def read_export_config(path: str | Path) -> dict[str, Any]:
         ) from None
     if json_depth(meta) > MAX_JSON_DEPTH:
         raise _bad_export(path, f"{CONFIG_FILE} is nested more than {MAX_JSON_DEPTH} levels deep")
+    return meta
+
+
+def read_export_config(path: str | Path) -> dict[str, Any]:
+    """config.json of an export dir, checked: read with `read_config_json`'s guards, this format, with
+    its entries (`check_training_record` for the run's)."""
+    path = Path(path)
+    meta = read_config_json(path)
     found = meta.get("format") if isinstance(meta, dict) else None
     if not isinstance(found, str) or not found.startswith("vitmask-export/"):
         raise _bad_export(path, f"{CONFIG_FILE} is not a vitmask export's (no '{FORMAT}' format)")
@@ -254,6 +266,7 @@ def load_export(
 ) -> LoadedModel:
     """An export dir's model (eval mode, on `device`), its config and config.json as `state`."""
     path = Path(path)
+    reject_classifier_export(path)
     check_weights(weights, flag)
     meta = read_export_config(path)
     if weights is not None and weights != meta["weights"]:
@@ -274,13 +287,17 @@ def load_export(
 
 
 def load_pretrained(path: str | Path, device: torch.device | str = "cpu") -> MaskedPatchViT:
-    """The model of an export dir, in eval mode, on `device` (no pickle is read):
+    """The model of an export dir, in eval mode, on `device` (no pickle is read), with its
+    preprocessing as `model.processor` (data/processor.py):
 
     import vitmask
     model = vitmask.load_pretrained("export/mnist")
+    patches = model.processor(images).patches  # uint8 (B, H, W) gray images -> (B, N, P) 0/1 pixels
     logits = model(patches, mask)  # (B, N, P) pixels, (B, N) bool -> (B, N, C)
     """
-    return load_export(path, device).model
+    loaded = load_export(path, device)
+    loaded.model.processor = ImageProcessor.from_config(loaded.config)
+    return loaded.model
 
 
 def load_model(
@@ -324,12 +341,37 @@ def loaded_weights(path: str | Path, state: dict[str, Any], weights: str | None)
     return checkpoint_weights(state, path, weights)[1], state
 
 
+CLASSIFIER_TASK = "classifier"  # config.json's `task` of a fine-tuned classifier's export (store/classifier.py)
+CLASSIFIER_USES = "vitmask predict, eval and export take it"
+
+
 def reject_task_checkpoint(state: dict[str, Any], path: Path) -> None:
     """A fine-tuned classifier's checkpoint is no masked-patch model: one line that says so."""
     if state.get("task") == "finetune":
         raise UserError(
-            f"checkpoint {path} is a fine-tuned classifier (vitmask finetune), not a masked-patch model; "
-            "pass the checkpoint it was fine-tuned from, or resume the fine-tuning with vitmask finetune"
+            f"checkpoint {path} is a fine-tuned classifier (vitmask finetune), not a masked-patch model "
+            f"({CLASSIFIER_USES}); here pass the checkpoint it was fine-tuned from, or resume the fine-tuning "
+            "with vitmask finetune"
+        )
+
+
+def export_task(path: str | Path) -> str | None:
+    """config.json's `task` of an export dir: "classifier" for a fine-tuned classifier, None for a
+    masked-patch model, and None for a config.json that cannot be read (its loader says what is wrong)."""
+    try:
+        meta = read_config_json(Path(path))
+    except UserError:
+        return None
+    task = meta.get("task") if isinstance(meta, dict) else None
+    return task if isinstance(task, str) else None
+
+
+def reject_classifier_export(path: Path) -> None:
+    """A fine-tuned classifier's export dir is no masked-patch model: one line that says so."""
+    if export_task(path) == CLASSIFIER_TASK:
+        raise UserError(
+            f"export dir {path} holds a fine-tuned classifier (vitmask finetune), not a masked-patch model "
+            f"({CLASSIFIER_USES}); here pass the masked-patch export or checkpoint it was fine-tuned from"
         )
 
 
@@ -434,6 +476,7 @@ def model_card(meta: dict[str, Any], cfg: Config, params: int) -> str:
         "```python",
         "import vitmask",
         'model = vitmask.load_pretrained("DIR")  # eval mode, on the CPU; no pickle is read',
+        "patches = model.processor(images).patches  # uint8 (B, H, W) gray images -> (B, N, P) 0/1 pixels",
         "logits = model(patches, mask)  # (B, N, P) 0/1 pixels, (B, N) bool True = hidden -> (B, N, C)",
         "```",
         "",
@@ -469,6 +512,19 @@ def write_export(model: nn.Module, cfg: Config, meta: dict[str, Any], out: Path,
     """Write the export dir `out` through a temp dir beside it, renamed into place; returns its files."""
     from vitmask.store.onnx_export import export_onnx
 
+    return write_export_files(
+        model,
+        meta,
+        out,
+        lambda meta, params: model_card(meta, cfg, params),
+        (lambda file: export_onnx(model, cfg, file)) if onnx else None,
+    )
+
+
+def write_export_files(model: nn.Module, meta: dict[str, Any], out: Path, card, write_onnx=None) -> list[Path]:
+    """Write an export dir: the weights, config.json (`meta` and their SHA-256), the card
+    (`card(meta, params)`) and, with `write_onnx(file)`, model.onnx; through a temp dir beside `out`,
+    renamed into place. Returns its files."""
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
@@ -478,9 +534,9 @@ def write_export(model: nn.Module, cfg: Config, meta: dict[str, Any], out: Path,
         meta = {**meta, "sha256": {WEIGHTS_FILE: sha256_of(tmp / WEIGHTS_FILE)}}
         (tmp / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
         params = sum(p.numel() for p in model.parameters())
-        (tmp / CARD_FILE).write_text(model_card(meta, cfg, params))
-        if onnx:
-            export_onnx(model, cfg, tmp / ONNX_FILE)
+        (tmp / CARD_FILE).write_text(card(meta, params))
+        if write_onnx is not None:
+            write_onnx(tmp / ONNX_FILE)
         if out.is_dir():
             out.rmdir()  # empty: checked before the work
         os.replace(tmp, out)

@@ -3,7 +3,9 @@
 The graph is the forward pass in eval mode: no dropout, no random draw. A full model takes
 `patches` (B, N, P) float 0/1 pixels and `mask` (B, N) bool (True = hidden) and gives `logits`
 (B, N, C), the model's prediction for every patch; an encoder-only export takes `patches` and gives
-`tokens` (B, N, D), the final normalised tokens. B is dynamic. The onnx packages are an optional
+`tokens` (B, N, D), the final normalised tokens. A fine-tuned classifier (model/classifier.py) takes
+`images` (B, S, S) float 0/1 pixels, the binary images its processor gives (data/processor.py), cuts
+them into patches in the graph and gives `logits` (B, L), one per class. B is dynamic. The onnx packages are an optional
 extra (`pip install vitmask[onnx]`): onnx, onnxscript (what torch's exporter needs) and
 onnxruntime (to run and check the file).
 """
@@ -16,6 +18,7 @@ import torch
 from torch import nn
 
 from vitmask.config import Config
+from vitmask.data.patches import patchify
 from vitmask.errors import UserError
 
 ONNX_PACKAGES = ("onnx", "onnxscript", "onnxruntime")
@@ -95,6 +98,44 @@ def export_onnx(model: nn.Module, cfg: Config, path: Path) -> Path:
         warnings.simplefilter("ignore")  # the exporter's notes on axis names and its own deprecations
         program = torch.onnx.export(
             wrapper, args, dynamo=True, input_names=names, output_names=out, dynamic_shapes=shapes, verbose=False
+        )
+    program.save(str(path))
+    return path
+
+
+class ImageLogits(nn.Module):
+    """images (B, S, S) float 0/1 pixels -> a classifier's logits (B, L): patchify, then the classifier."""
+
+    def __init__(self, classifier: nn.Module, patch_size: int):
+        super().__init__()
+        self.classifier = classifier
+        self.patch_size = patch_size
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.classifier(patchify(images, self.patch_size))  # (B, N, P) -> (B, L)
+
+
+def example_images(cfg: Config, batch: int = 2) -> torch.Tensor:
+    """Example binary images (B, S, S), for tracing."""
+    s = cfg.data.image_size
+    return (torch.arange(batch * s * s).reshape(batch, s, s) % 3 == 0).float()
+
+
+def export_classifier_onnx(classifier: nn.Module, cfg: Config, path: Path) -> Path:
+    """Write a fine-tuned classifier (eval mode, on the CPU) as an ONNX graph to `path`: images in, logits out."""
+    require_onnx()
+    wrapper = ImageLogits(classifier.eval().to("cpu"), cfg.data.patch_size).eval()
+    batch = torch.export.Dim("batch", min=1)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the exporter's notes on axis names and its own deprecations
+        program = torch.onnx.export(
+            wrapper,
+            (example_images(cfg),),
+            dynamo=True,
+            input_names=["images"],
+            output_names=["logits"],
+            dynamic_shapes={"images": {0: batch}},
+            verbose=False,
         )
     program.save(str(path))
     return path

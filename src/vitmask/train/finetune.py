@@ -1,7 +1,7 @@
 """Fine-tuning on labels (`vitmask finetune`): a classifier on a pretrained encoder, trained end to end
 on the Trainer's own loop, checkpoints, exact resume, signals, TensorBoard and run-dir lock.
 
-The classifier (`Classifier`) is the pretrained model without its decoder and head
+The classifier (`Classifier`, model/classifier.py) is the pretrained model without its decoder and head
 (`MaskedPatchViT.forward_encoder`: every patch visible, the final normalised tokens), the tokens
 pooled as `vitmask probe --pool` pools them (`finetune.pool`: the mean, or the means of a
 `finetune.grid` x grid of cells, concatenated), a LayerNorm over those features and a new linear
@@ -15,6 +15,8 @@ that holds the encoder's lr at 0 for the first `finetune.freeze_steps` steps (th
 on frozen features; the optimizer's state keeps its shape, so resume stays exact), batches of
 images and labels, and cross-entropy on the labels. It trains with AdamW whatever
 `train.optimizer` says (`train.lr`, betas, eps, weight decay and schedule are read).
+Its checkpoints are marked `task: finetune` and keep the classes: `labels`, the label value and the
+name of each class index (data/class_names.py), which `vitmask predict`, `eval` and `export` read.
 
 Two regularisers act on the training batches only (validation and test see whole, unmoved images),
 both off by default and drawn, like the batch order, from generators seeded by (seed, step), so a
@@ -34,13 +36,15 @@ from torch import nn
 
 from vitmask.config import Config, TrainConfig
 from vitmask.data.batches import EpochOrder, LabelledSplits, mix64
-from vitmask.data.masking import random_mask, visible_ids
+from vitmask.data.class_names import class_names
+from vitmask.data.masking import random_mask
 from vitmask.data.patches import patchify
+from vitmask.data.per_class import take_per_class, unpacked_splits
 from vitmask.data.prefetch import StepImages
-from vitmask.errors import UserError
-from vitmask.evaluate.probe import FEATURE_BATCH, check_classes, class_indices, pool_tokens, require_labels
+from vitmask.evaluate.probe import FEATURE_BATCH, check_classes, class_indices, require_labels
 from vitmask.evaluate.scores import validation_images
-from vitmask.model.vit import MaskedPatchViT, build_model
+from vitmask.model.classifier import Classifier, pool_grid
+from vitmask.model.vit import build_model
 from vitmask.runtime import distributed
 from vitmask.runtime.distributed import World
 from vitmask.runtime.process import autocast
@@ -52,49 +56,7 @@ from vitmask.train.report import Reporter
 from vitmask.train.trainer import Trainer
 
 
-# ---- the network ------------------------------------------------------------------------------------
-class Classifier(nn.Module):
-    """patches (B, N, P) float 0/1 pixels, optionally some hidden (`forward`) -> logits (B, L)."""
-
-    def __init__(self, encoder: MaskedPatchViT, num_labels: int, grid: int | None, head_init_std: float):
-        super().__init__()
-        self.encoder = drop_prediction_head(encoder)
-        self.grid = grid  # None: the mean of all tokens; G: the means of G x G cells
-        width = encoder.embed.out_features * (1 if grid is None else grid * grid)  # F
-        self.norm = nn.LayerNorm(width)
-        self.head = nn.Linear(width, num_labels)
-        nn.init.normal_(self.head.weight, std=head_init_std)
-        nn.init.zeros_(self.head.bias)
-
-    def forward(self, patches: torch.Tensor, mask: torch.Tensor | None = None, ids: torch.Tensor | None = None):
-        """patches (B, N, P) -> logits (B, L). With mask (B, N) True = hidden and ids (B, M) the hidden
-        indices, the encoder sees the hidden patches as pretraining showed them: a one-stack model
-        (model.decoder none) takes them as its masked input (mask.fill pixels or the learned mask
-        token) and every token is pooled; the encoder of a decoder design drops them, and each pooled
-        cell is the mean of its visible tokens (0 where it has none)."""
-        if mask is None:
-            tokens = self.encoder.forward_encoder(patches)  # (B, N, D)
-        elif self.encoder.fill is not None:
-            tokens = self.encoder.forward_encoder(patches, mask=mask)  # (B, N, D)
-        else:
-            keep = visible_ids(mask, ids.shape[1])  # (B, V)
-            visible = self.encoder.forward_encoder(patches, keep)  # (B, V, D)
-            return self.head(self.norm(pool_visible(visible, keep, patches.shape[1], self.grid)))
-        return self.head(self.norm(pool_tokens(tokens, self.grid)))  # (B, F) -> (B, L)
-
-
-def pool_visible(tokens: torch.Tensor, keep: torch.Tensor, num_patches: int, grid: int | None) -> torch.Tensor:
-    """tokens (B, V, D) at the patches keep (B, V) of N -> features as `pool_tokens` lays them out, each
-    the mean of the visible tokens it covers (a cell without one: 0)."""
-    if grid is None:
-        return tokens.mean(1)  # (B, D)
-    b, _, d = tokens.shape
-    counted = torch.cat([tokens, tokens.new_ones(b, tokens.shape[1], 1)], -1)  # (B, V, D + 1): a 1 to count
-    full = counted.new_zeros(b, num_patches, d + 1).scatter(1, keep.unsqueeze(-1).expand_as(counted), counted)
-    cells = pool_tokens(full, grid).view(b, grid * grid, d + 1)  # (B, G*G, D + 1) cell means over all N
-    return (cells[..., :d] / cells[..., d:].clamp_min(1e-6)).flatten(1)  # (B, G*G*D): over the visible only
-
-
+# ---- the regularisers -------------------------------------------------------------------------------
 def shift_images(images: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     """images (B, H, W), offsets (B, 2) int64 (rows down, columns right) -> (B, H, W): image i moved by
     its offset, pixels moved past the edge dropped, 0 (background) where nothing moved in. One gather."""
@@ -105,19 +67,6 @@ def shift_images(images: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     batch = torch.arange(b, device=images.device).view(b, 1, 1)
     moved = images[batch, rows.clamp(0, h - 1).unsqueeze(2), cols.clamp(0, w - 1).unsqueeze(1)]  # (B, H, W)
     return moved * inside.to(images.dtype)
-
-
-def pool_grid(cfg: Config) -> int | None:
-    """finetune.pool and .grid as the grid to pool over (None: the mean), checked against the patch grid."""
-    if cfg.finetune.pool == "mean":
-        return None
-    g = cfg.data.grid
-    if cfg.finetune.grid > g:
-        raise UserError(
-            f"config: finetune.grid ({cfg.finetune.grid}) is more cells than the {g}x{g} patch grid has; "
-            f"pass 1 to {g}, or finetune.pool=mean"
-        )
-    return cfg.finetune.grid
 
 
 def layer_of(name: str, depth: int) -> int:
@@ -295,7 +244,8 @@ class ClassifierReporter(Reporter):
 # ---- the trainer ------------------------------------------------------------------------------------
 class FinetuneTrainer(Trainer):
     """The Trainer on the classification task. `encoder` is the pretrained model's state dict (None:
-    the encoder starts from its random init, the from-scratch baseline)."""
+    the encoder starts from its random init, the from-scratch baseline). `data` is cut to
+    finetune.per_class images of each class of each split first (`self.data`: what it reads)."""
 
     def __init__(
         self,
@@ -307,9 +257,13 @@ class FinetuneTrainer(Trainer):
         world=None,
         pretrained: str | None = None,
     ):
-        labels = require_labels(data, cfg)
+        require_labels(data, cfg)
+        self.data = data = per_class_data(data, cfg)  # the images this trainer reads (finetune.per_class)
+        labels = data.labels
         check_classes(labels["train"], "the train split's images", "label the images with their real classes")
         self.labels, self.num_labels = class_indices(labels)
+        values = torch.cat(list(labels.values())).unique().tolist()  # the label value of each class index
+        self.classes = {"values": values, "names": class_names(cfg.data, values)}
         self.grid = pool_grid(cfg)
         self.encoder_state = encoder
         self.pretrained = pretrained
@@ -356,13 +310,23 @@ class FinetuneTrainer(Trainer):
         return F.cross_entropy(logits.float(), mb.labels), logits.detach().argmax(-1), mb.labels
 
     def state_dict(self) -> dict:
-        return {**super().state_dict(), "task": "finetune", "pretrained": self.pretrained}
+        return {**super().state_dict(), "task": "finetune", "pretrained": self.pretrained, "labels": self.classes}
 
     def test_accuracy(self, images: torch.Tensor) -> float:
-        """Accuracy on the test split (the EMA's weights when there is an EMA)."""
+        """Accuracy on the test split (the EMA's weights when there is an EMA), in fp32 as `vitmask eval`
+        and `vitmask predict` score a classifier, so the three agree."""
         model = self.ema.module if self.ema is not None else self.model
-        logits = classify(model, images, self.cfg.data.patch_size, self.cfg.train.precision)  # (n, L)
+        logits = classify(model, images, self.cfg.data.patch_size, "fp32")  # (n, L)
         return float((logits.argmax(1) == self.labels["test"].to(logits.device)).float().mean())
+
+
+def per_class_data(data: LabelledSplits, cfg: Config) -> LabelledSplits:
+    """The splits fine-tuning reads: with finetune.per_class K, at most K images of each class of each
+    split (data/per_class.py), in memory (a pack's unpacked); else the splits as loaded."""
+    if cfg.finetune.per_class == 0:
+        return data
+    subset = take_per_class(data, cfg.finetune.per_class, cfg)
+    return unpacked_splits(subset, "lower finetune.per_class")
 
 
 def group_factor(t: TrainConfig, frozen: int):
