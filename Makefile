@@ -11,9 +11,11 @@ ARGS ?=
 $(PY):
 	python3 -m venv $(VENV)
 
-# Heavy dependencies: reinstalled only when pyproject.toml or constraints.txt change.
-$(DEPS): pyproject.toml constraints.txt | $(PY)
-	$(PY) -m pip install -q -c constraints.txt -e '.[dev]'
+# Heavy dependencies: reinstalled only when pyproject.toml, constraints.txt or the extras change. The extras:
+# dev (pytest, ruff, sybil for the tested guides) and onnx (`vitmask export --onnx`, which the README's tour runs).
+EXTRAS := dev,onnx
+$(DEPS): pyproject.toml constraints.txt Makefile | $(PY)
+	$(PY) -m pip install -q -c constraints.txt -e '.[$(EXTRAS)]'
 	touch $(DEPS)
 
 # The project itself is reinstalled every time (cheap), so a venv shared between clones stays right.
