@@ -339,7 +339,10 @@ def export(
         False, "--encoder-only", help="Drop the decoder (where there is one) and the head: the encoder alone."
     ),
     onnx: bool = typer.Option(
-        False, "--onnx", help="Also write model.onnx (needs the onnx extra: pip install 'vitmask[onnx]')."
+        False,
+        "--onnx",
+        help="Also write model.onnx (needs the onnx extra, which make train and make test install; in a venv "
+        "of your own: pip install -e '.\\[onnx]' in the checkout).",
     ),
 ) -> None:
     """Write the model as model.safetensors, config.json and a README.md model card (and model.onnx),
