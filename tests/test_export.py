@@ -195,7 +195,8 @@ def test_bad_export_input_is_one_line_and_writes_nothing(run_cli, ckpt, tmp_path
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "onnxscript" else real(n, *a))
     never = tmp_path / "never"
-    assert_user_error(run_cli("export", "--checkpoint", ckpt, "--out", never, "--onnx"), "vitmask[onnx]", "onnxscript")
+    res = run_cli("export", "--checkpoint", ckpt, "--out", never, "--onnx")
+    assert_user_error(res, "pip install -e '.[onnx]'", "onnxscript")
     assert not never.exists()
 
 
@@ -244,3 +245,34 @@ def test_the_onnx_graph_gives_torchs_logits_and_draws_nothing_random(run_cli, tm
     with torch.no_grad():
         want = model(patches, mask)
     assert torch.allclose(torch.from_numpy(logits), want, atol=1e-4, rtol=0)
+
+
+def test_export_and_pack_make_the_missing_folders_of_out_and_remove_them_when_they_fail(
+    run_cli, ckpt, tmp_path, monkeypatch
+):
+    """`--out a/b/c` of export and pack makes a/ and a/b/ as mkdir -p would; a write that fails
+    removes the folders it made and leaves what was there; a file in the way is one line."""
+    import errno
+
+    from tests.conftest import write_config
+    from vitmask.store import export as exports
+
+    out = tmp_path / "exports" / "mnist" / "v1"
+    assert run_cli("export", "--checkpoint", ckpt, "--out", out).returncode == 0
+    assert (out / "model.safetensors").is_file() and (out / "config.json").is_file()
+    packed = tmp_path / "data" / "packs" / "tiny"
+    config = write_config(tmp_path / "tiny.yaml")
+    assert run_cli("pack", "--config", config, "--out", packed).returncode == 0
+    assert (packed / "header.json").is_file()
+
+    def full_disk(tensors, file):
+        raise OSError(errno.ENOSPC, "No space left on device", str(file))
+
+    monkeypatch.setattr(exports, "save_weights", full_disk)
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    res = run_cli("export", "--checkpoint", ckpt, "--out", tmp_path / "exports" / "new" / "deeper" / "v2")
+    assert_user_error(res, "free some space and run it again")
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before  # exports/new is gone again
+    (tmp_path / "afile").write_text("x")
+    assert_user_error(run_cli("export", "--checkpoint", ckpt, "--out", tmp_path / "afile" / "v3"), "is a file")
+    assert_user_error(run_cli("pack", "--config", config, "--out", tmp_path / "afile" / "p"), "is a file")

@@ -1,8 +1,11 @@
 """The two set-up commands of the README, read with `make -n` (make prints the recipe and runs
-nothing): `make train` and `make test` create the virtualenv when it is missing, and only then, and
-`make train` passes `--resume auto`."""
+nothing): `make train` and `make test` create the virtualenv when it is missing, and only then,
+install every package the README's tour needs (the onnx extra for `vitmask export --onnx`, sybil for
+the tested guides), and `make train` passes `--resume auto`."""
 
 import os
+import re
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -12,6 +15,7 @@ import pytest
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+tomllib = pytest.importorskip("tomllib")  # Python 3.11 on
 
 
 def dry_run(target: str, venv: Path) -> list[str]:
@@ -37,7 +41,7 @@ def test_make_train_and_test_create_the_venv_only_when_it_is_missing(tmp_path, t
     missing = tmp_path / "missing-venv"
     commands = dry_run(target, missing)
     assert commands[0] == f"python3 -m venv {missing}"
-    assert any(c.startswith(f"{missing}/bin/python -m pip install") and "'.[dev]'" in c for c in commands)
+    assert any(c.startswith(f"{missing}/bin/python -m pip install -q -c constraints.txt -e '.[") for c in commands)
     assert commands[-1].startswith(last.format(venv=missing))
 
     ready = tmp_path / "ready-venv"  # a venv with its python and dependencies newer than pyproject.toml
@@ -45,7 +49,7 @@ def test_make_train_and_test_create_the_venv_only_when_it_is_missing(tmp_path, t
     (ready / "bin" / "python").touch()
     (ready / ".deps-installed").touch()
     commands = dry_run(target, ready)
-    assert not any("-m venv" in c or "'.[dev]'" in c for c in commands)
+    assert not any("-m venv" in c or "-c constraints.txt" in c for c in commands)
     assert commands[-1].startswith(last.format(venv=ready))
 
 
@@ -54,3 +58,29 @@ def test_make_train_passes_resume_auto(tmp_path):
     assert train[:2] == [f"{tmp_path}/venv/bin/vitmask", "train"]
     assert train[train.index("--config") + 1] == "configs/default.yaml"
     assert train[train.index("--resume") + 1] == "auto"
+
+
+def installed_requirements(venv: Path) -> set[str]:
+    """The distributions the set-up's `pip install ... -e '.[EXTRAS]'` asks for: the project's
+    dependencies plus those of each extra named, as pyproject.toml lists them (names only)."""
+    install = [c for c in dry_run("install", venv) if "-c constraints.txt" in c]
+    assert len(install) == 1, install
+    target = shlex.split(install[0])[-1]  # .[dev,onnx]
+    extras = re.fullmatch(r"\.\[([\w,-]*)\]", target).group(1).split(",")
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = list(project["dependencies"])
+    for extra in extras:
+        wanted += project["optional-dependencies"][extra]
+    return {re.split(r"[<>=!~\[; ]", req, maxsplit=1)[0].lower() for req in wanted}
+
+
+def test_the_set_up_installs_what_the_tour_runs(tmp_path):
+    """`vitmask export --onnx` (the tour) needs onnx, onnxscript and onnxruntime; the guides' tests need
+    pytest and sybil. Each is pinned in constraints.txt, so the set-up installs the tested version."""
+    wanted = installed_requirements(tmp_path / "missing-venv")
+    needed = {"onnx", "onnxscript", "onnxruntime", "pytest", "sybil", "ruff", "torch"}
+    assert needed <= wanted, needed - wanted
+    pinned = {
+        line.split("==")[0].lower() for line in (ROOT / "constraints.txt").read_text().splitlines() if "==" in line
+    }
+    assert needed <= pinned, needed - pinned

@@ -111,9 +111,9 @@ def test_statistics_text_by_hand():
 
 
 @pytest.mark.skipif(not (MNIST_DIR / "t10k-images-idx3-ubyte.gz").is_file(), reason="needs ../shared/data/mnist")
-def test_statistics_of_the_mnist_test_set_are_the_ones_the_readme_shows():
+def test_statistics_of_the_mnist_test_set_are_the_ones_the_docs_show():
     cfg = load_config(ROOT / "configs" / "mnist.yaml", ["data.source=idx", f"data.path={MNIST_DIR}"])
     text = format_stats(dataset_stats(load_splits(cfg), cfg), cfg)
-    readme = (ROOT / "README.md").read_text()
-    shown = readme[readme.index("split    images  foreground") :].split("```")[0].strip().splitlines()
+    page = (ROOT / "docs" / "data.md").read_text()
+    shown = page[page.index("split    images  foreground") :].split("```")[0].strip().splitlines()
     assert len(shown) == 6 and shown == text.splitlines()[-6:]

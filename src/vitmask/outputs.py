@@ -81,6 +81,30 @@ def write_error(e: OSError, path: Path, what: str = "") -> WriteError:
     return WriteError(f"cannot write {label}: {why}{where}; nothing was written; {fix}", path, e.errno, why)
 
 
+def nearest_folder(path: Path) -> Path:
+    """The nearest folder above `path` that exists (where missing folders of an output are made)."""
+    return next(q for q in path.parents if q.exists() or q == q.parent)
+
+
+@contextlib.contextmanager
+def missing_folders_made(path: Path):
+    """Make the missing folders above `path` (as `mkdir -p` would) for the block, and remove the ones
+    it made when the block fails, so a failed output leaves no empty folders behind."""
+    made = []
+    for q in path.parents:
+        if q.exists():
+            break
+        made.append(q)  # innermost first
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        yield made
+    except BaseException:
+        for q in made:
+            with contextlib.suppress(OSError):
+                q.rmdir()
+        raise
+
+
 def temp_path(path: Path) -> Path:
     """The temp file beside `path` that an atomic write goes through: hidden, per process, and
     ending in the target's suffix (so a library that picks a format by the name picks the right one)."""

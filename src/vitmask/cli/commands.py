@@ -11,6 +11,7 @@ bug and keeps its traceback.
 """
 
 import contextlib
+import inspect
 import json
 import os
 import signal
@@ -19,6 +20,7 @@ import threading
 from pathlib import Path
 
 import typer
+from typer.core import TyperGroup
 
 try:  # typer < 0.20 depends on click; newer releases vendor it
     from click.exceptions import UsageError
@@ -34,7 +36,28 @@ from vitmask.outputs import reason
 from vitmask.runtime.memory import is_out_of_memory, out_of_memory
 from vitmask.signals import Interrupted, early_stop
 
+
+def as_paragraphs(text: str | None) -> str | None:
+    """A docstring as help text: its paragraphs (split at blank lines) each on one line, so the help
+    wraps them at the terminal's width rather than where the source's lines happen to end."""
+    if text is None:
+        return None
+    return "\n\n".join(" ".join(p.split()) for p in inspect.cleandoc(text).split("\n\n") if p.strip())
+
+
+class ParagraphHelpGroup(TyperGroup):
+    """The `vitmask` group: every command's help (and the group's own) as paragraphs (`as_paragraphs`),
+    the commands listed in the order they are defined (TyperGroup's)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.help = as_paragraphs(self.help)
+        for command in self.commands.values():
+            command.help = as_paragraphs(command.help)
+
+
 app = typer.Typer(
+    cls=ParagraphHelpGroup,
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
@@ -343,7 +366,10 @@ def export(
         False, "--encoder-only", help="Drop the decoder (where there is one) and the head: the encoder alone."
     ),
     onnx: bool = typer.Option(
-        False, "--onnx", help="Also write model.onnx (needs the onnx extra: pip install 'vitmask[onnx]')."
+        False,
+        "--onnx",
+        help="Also write model.onnx (needs the onnx extra, which make train and make test install; in a venv "
+        "of your own: pip install -e '.\\[onnx]' in the checkout).",
     ),
 ) -> None:
     """Write the model as model.safetensors, config.json and a README.md model card (and model.onnx),

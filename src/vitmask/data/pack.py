@@ -50,7 +50,7 @@ from vitmask.data.packed import (
 )
 from vitmask.data.preprocess import binarize_images, binarize_list
 from vitmask.errors import UserError
-from vitmask.outputs import reason
+from vitmask.outputs import missing_folders_made, nearest_folder, reason
 
 CHUNK = 1 << 16  # images binarized and packed at a time
 BLOCK_BYTES = 1 << 20  # bytes of rows a block checksum covers (block_rows = BLOCK_BYTES // row bytes, at least 1)
@@ -113,8 +113,9 @@ def plan_in_memory(cfg: Config, seed: int) -> PackPlan:
 def check_out(out: Path) -> None:
     """`--out` may be new, an empty folder, or a packed dataset (replaced); anything else is refused."""
     if not out.exists() and not out.is_symlink():
-        if not out.parent.is_dir():
-            raise UserError(f"--out {out}: the folder {out.parent} does not exist; create it first")
+        folder = nearest_folder(out)  # missing folders above --out are made, as mkdir -p would
+        if not folder.is_dir():
+            raise UserError(f"--out {out}: {folder} is a file, not a folder; pick another --out")
         return
     if out.is_dir() and (is_packed_dir(out) or not any(out.iterdir())):
         return
@@ -219,6 +220,13 @@ def pack(cfg: Config, out: str | Path, progress: bool = True) -> dict:
     check_out(given)
     out = target_of(given)
     check_out(out)
+    with missing_folders_made(out):
+        return _pack(cfg, given, out, progress)
+
+
+def _pack(cfg: Config, given: Path, out: Path, progress: bool) -> dict:
+    """pack's work, once `out`'s folder exists: the rows into a temp dir beside `out`, renamed into place."""
+    d = cfg.data
     seed = cfg.seed if d.split_seed is None else d.split_seed
     remove_stale_temps(out)
     tmp = out.parent / f".{out.name}{TEMP_MARK}{os.getpid()}"

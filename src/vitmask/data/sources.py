@@ -209,7 +209,10 @@ def idx_labels_beside(images_file: Path, n: int) -> torch.Tensor | str:
 def read_idx(cfg: DataConfig) -> tuple[dict[str, Raw], Labels]:
     """idx image files in the folder data.path (or one file). Files named t10k-* or test-* are the
     test split, the others train; with only one kind there, all of it is split by fractions. The
-    labels are the `*labels-idx1-ubyte[.gz]` file beside each images file."""
+    labels are the `*labels-idx1-ubyte[.gz]` file beside each images file. A file beside its own .gz
+    is read once: torchvision's raw folder (`<root>/MNIST/raw`, each file plain and gzipped) reads as
+    torchvision's train and test, and its `t10k-images-idx3-ubyte` alone as the test set split by
+    fractions."""
     root = _existing(cfg.path, "a folder of idx files such as t10k-images-idx3-ubyte.gz")
     files = [root] if root.is_file() else sorted(p for p in root.iterdir() if p.name.endswith(IDX_SUFFIXES))
     plain = {p.name for p in files}

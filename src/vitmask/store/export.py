@@ -45,7 +45,7 @@ from vitmask.config import INT_RANGE, MAX_CONFIG_BYTES, MAX_YAML_DEPTH, Config, 
 from vitmask.data.processor import ImageProcessor
 from vitmask.errors import UserError
 from vitmask.model.vit import MaskedPatchViT, build_model
-from vitmask.outputs import write_error
+from vitmask.outputs import missing_folders_made, nearest_folder, write_error
 from vitmask.store import checkpoint
 from vitmask.store.checkpoint import LoadedModel
 
@@ -389,9 +389,9 @@ def check_out_dir(out: Path) -> None:
         raise UserError(f"--out {out} exists and is not a folder; pass a new folder path")
     if out.is_dir() and any(out.iterdir()):
         raise UserError(f"--out {out} already exists and holds files; nothing was written; pass a new or empty folder")
-    parent = out.parent
+    parent = nearest_folder(out)  # missing folders above --out are made, as mkdir -p would
     if not parent.is_dir():
-        raise UserError(f"the folder of --out {out} does not exist; create {parent} or pick another --out")
+        raise UserError(f"the folder of --out {out} is a file ({parent}), not a folder; pick another --out")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise UserError(f"cannot write into {parent} (permission denied); pick another --out")
 
@@ -528,23 +528,30 @@ def write_export_files(model: nn.Module, meta: dict[str, Any], out: Path, card, 
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        tmp.mkdir()
-        tensors = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in model.state_dict().items()}
-        save_weights(tensors, tmp / WEIGHTS_FILE)
-        meta = {**meta, "sha256": {WEIGHTS_FILE: sha256_of(tmp / WEIGHTS_FILE)}}
-        (tmp / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
-        params = sum(p.numel() for p in model.parameters())
-        (tmp / CARD_FILE).write_text(card(meta, params))
-        if write_onnx is not None:
-            write_onnx(tmp / ONNX_FILE)
-        if out.is_dir():
-            out.rmdir()  # empty: checked before the work
-        os.replace(tmp, out)
+        with missing_folders_made(out):  # removed again when the export fails, after its temp dir
+            try:
+                _write_export_files(model, meta, tmp, out, card, write_onnx)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
     except OSError as e:
         raise write_error(e, out, "--out") from None
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return sorted(out.iterdir())
+
+
+def _write_export_files(model: nn.Module, meta: dict[str, Any], tmp: Path, out: Path, card, write_onnx) -> None:
+    """write_export_files' work: every file into `tmp`, then `tmp` renamed to `out`."""
+    tmp.mkdir()
+    tensors = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in model.state_dict().items()}
+    save_weights(tensors, tmp / WEIGHTS_FILE)
+    meta = {**meta, "sha256": {WEIGHTS_FILE: sha256_of(tmp / WEIGHTS_FILE)}}
+    (tmp / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+    params = sum(p.numel() for p in model.parameters())
+    (tmp / CARD_FILE).write_text(card(meta, params))
+    if write_onnx is not None:
+        write_onnx(tmp / ONNX_FILE)
+    if out.is_dir():
+        out.rmdir()  # empty: checked before the work
+    os.replace(tmp, out)
 
 
 def export(

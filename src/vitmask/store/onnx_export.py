@@ -5,9 +5,10 @@ The graph is the forward pass in eval mode: no dropout, no random draw. A full m
 (B, N, C), the model's prediction for every patch; an encoder-only export takes `patches` and gives
 `tokens` (B, N, D), the final normalised tokens. A fine-tuned classifier (model/classifier.py) takes
 `images` (B, S, S) float 0/1 pixels, the binary images its processor gives (data/processor.py), cuts
-them into patches in the graph and gives `logits` (B, L), one per class. B is dynamic. The onnx packages are an optional
-extra (`pip install vitmask[onnx]`): onnx, onnxscript (what torch's exporter needs) and
-onnxruntime (to run and check the file).
+them into patches in the graph and gives `logits` (B, L), one per class. B is dynamic. The onnx
+packages are an optional extra (`make train` and `make test` install it; `pip install -e '.[onnx]'`
+in a checkout): onnx, onnxscript (what torch's exporter needs) and onnxruntime (to run and check
+the file).
 """
 
 import importlib.util
@@ -42,7 +43,8 @@ def require_onnx() -> None:
     if missing:
         raise UserError(
             f"--onnx needs the onnx extra, and {', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not "
-            "installed; run: pip install 'vitmask[onnx]' (or leave --onnx out)"
+            "installed; run: pip install -e '.[onnx]' in the checkout (make train and make test install it), "
+            "or leave --onnx out"
         )
 
 
