@@ -37,7 +37,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--variant",
         action="append",
         default=[],
-        help="threads=N (0: the trainer's choice), wait=passive|active (OMP_WAIT_POLICY), compile=0|1; "
+        help="threads=N (0: the trainer's choice), wait=passive|active (OMP_WAIT_POLICY), spin=N (GOMP_SPINCOUNT), "
+        "compile=0|1; "
         "comma-separated, repeatable",
     )
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)  # one variant, in its own process
@@ -111,6 +112,8 @@ def main(argv=None) -> None:
         env = dict(os.environ)
         if "wait" in variant:
             env["OMP_WAIT_POLICY"] = variant["wait"].upper()
+        if "spin" in variant:
+            env["GOMP_SPINCOUNT"] = variant["spin"]
         cmd = [sys.executable, __file__, "--config", args.config, "--steps", str(args.steps)]
         cmd += ["--rounds", str(args.rounds), "--child", text, *(a for kv in args.set for a in ("--set", kv))]
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)

@@ -9,6 +9,9 @@ shut-down cannot turn a finished command into a silent death by signal. A comman
 signal (exit 130 or 143) ends the process as soon as its line is printed and its clean-up done,
 without the interpreter's tear-down of torch (`signals.end_stopped_process`).
 
+Before torch is imported, OpenMP's waiting threads are set to spin briefly (runtime/openmp.py), so a
+training beside another CPU-bound process keeps its share of the CPU.
+
 Importing torch also needs a writable temporary directory (its compile caches find one at import).
 On a full disk, or one where no file can be written, that import fails before any command runs:
 one line on stderr and exit code 2, as for any other bad start.
@@ -17,12 +20,14 @@ one line on stderr and exit code 2, as for any other bad start.
 import signal
 import sys
 
+from vitmask.runtime.openmp import share_cpus_fairly
 from vitmask.signals import STOP_CODES, early_stop, end_stopped_process
 
 
 def main() -> None:
     for s in (signal.SIGINT, signal.SIGTERM):
         signal.signal(s, early_stop)
+    share_cpus_fairly()  # before torch is imported: libgomp reads it once
     try:
         from vitmask.cli.commands import main as cli_main
     except OSError as e:  # torch's import found no usable temporary directory: a full disk, a read-only /tmp
