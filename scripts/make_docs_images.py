@@ -345,7 +345,9 @@ fill is one draw, so it scores below the most likely fill by design):
         page = replace_headline(page, caption + "\n\n" + headline_rows(report, raw, probe, finetune, date, True))
     results_page.write_text(page)
     if readme.exists():
-        block = caption + "\n\n" + headline_rows(report, raw, probe, finetune, date, False)
+        # README.md: the date in the table's rows only (a date is data there, not in its prose)
+        readme_caption = caption.replace(f"Measured {date} on", "Measured on", 1)
+        block = readme_caption + "\n\n" + headline_rows(report, raw, probe, finetune, date, False)
         readme.write_text(replace_headline(readme.read_text(), block))
     print(f"wrote {results_page}, the headline of {readme} and the pictures in {out}")
 
