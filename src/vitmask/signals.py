@@ -18,6 +18,7 @@ A stop lands in one of two ways.
 own `StopSignals` gets the same per-batch stops.
 """
 
+import contextlib
 import os
 import signal
 import sys
@@ -157,3 +158,17 @@ def early_stop(signum, frame):
         sys.stderr.flush()
     finally:
         os._exit(128 + signum)
+
+
+@contextlib.contextmanager
+def signals_held():
+    """Hold SIGINT and SIGTERM back (in the main thread, where Python runs their handlers) until the
+    block ends: renames and removals that must not be cut in two. A held signal arrives right after."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, set(STOP_SIGNALS))
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)

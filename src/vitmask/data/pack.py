@@ -25,8 +25,6 @@ import hashlib
 import json
 import os
 import shutil
-import signal
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -51,6 +49,7 @@ from vitmask.data.packed import (
 from vitmask.data.preprocess import binarize_images, binarize_list
 from vitmask.errors import UserError
 from vitmask.outputs import missing_folders_made, nearest_folder, reason
+from vitmask.signals import signals_held
 
 CHUNK = 1 << 16  # images binarized and packed at a time
 BLOCK_BYTES = 1 << 20  # bytes of rows a block checksum covers (block_rows = BLOCK_BYTES // row bytes, at least 1)
@@ -195,20 +194,6 @@ def target_of(out: Path) -> Path:
     """Where a pack to `out` is written: `out` itself, or where it points when it is a symbolic link
     (so the link keeps pointing at the pack, and its old pack is replaced, not left beside it)."""
     return Path(os.path.realpath(out)) if out.is_symlink() else out
-
-
-@contextlib.contextmanager
-def signals_held():
-    """Hold SIGINT and SIGTERM back (in the main thread, where Python runs their handlers) until the
-    block ends: renames and removals that must not be cut in two. A held signal arrives right after."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def pack(cfg: Config, out: str | Path, progress: bool = True) -> dict:

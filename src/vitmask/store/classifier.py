@@ -235,7 +235,7 @@ def load_classifier_export(path: Path, weights: str | None, flag: str) -> Loaded
 # ---- export ------------------------------------------------------------------------------------------
 def classifier_metadata(loaded: LoadedClassifier, source: Path) -> dict[str, Any]:
     """config.json of a classifier's export (the SHA-256 of the weights is added when they are written)."""
-    cfg, model, d = loaded.config, loaded.model, loaded.config.data
+    cfg, model = loaded.config, loaded.model
     features = model.norm.normalized_shape[0]
     record = loaded.record
     return {
@@ -244,20 +244,7 @@ def classifier_metadata(loaded: LoadedClassifier, source: Path) -> dict[str, Any
         "vitmask_version": __version__,
         "weights": loaded.weights,
         "encoder_only": False,  # the whole classifier: encoder, norm and head
-        # the encoder's MaskedPatchViT constructor arguments
-        "model": dataclasses.asdict(cfg.model),
-        "num_patches": d.num_patches,
-        "patch_dim": d.patch_dim,
-        "num_classes": d.num_classes,
-        "fill": cfg.mask.fill,
-        "data": {
-            "image_size": d.image_size,
-            "patch_size": d.patch_size,
-            "threshold": d.threshold,
-            "invert": d.invert,
-            "fit": d.fit,
-            "bit_order": BIT_ORDER,
-        },
+        **exports.encoder_metadata(cfg),  # the encoder's constructor arguments and the preprocessing
         "classifier": {
             "pool": cfg.finetune.pool,
             "grid": model.grid,

@@ -396,14 +396,11 @@ def check_out_dir(out: Path) -> None:
         raise UserError(f"cannot write into {parent} (permission denied); pick another --out")
 
 
-def export_metadata(cfg: Config, kind: str, encoder_only: bool, state: dict[str, Any], source: Path) -> dict:
+def encoder_metadata(cfg: Config) -> dict[str, Any]:
+    """The part of config.json that rebuilds the network and its preprocessing: MaskedPatchViT's
+    constructor arguments and the data keys that turn an image into patches."""
     d = cfg.data
     return {
-        "format": FORMAT,
-        "vitmask_version": __version__,
-        "weights": kind,
-        "encoder_only": encoder_only,
-        # MaskedPatchViT's constructor arguments
         "model": dataclasses.asdict(cfg.model),
         "num_patches": d.num_patches,
         "patch_dim": d.patch_dim,
@@ -417,6 +414,16 @@ def export_metadata(cfg: Config, kind: str, encoder_only: bool, state: dict[str,
             "fit": d.fit,
             "bit_order": BIT_ORDER,
         },
+    }
+
+
+def export_metadata(cfg: Config, kind: str, encoder_only: bool, state: dict[str, Any], source: Path) -> dict:
+    return {
+        "format": FORMAT,
+        "vitmask_version": __version__,
+        "weights": kind,
+        "encoder_only": encoder_only,
+        **encoder_metadata(cfg),
         "training": {
             "config": cfg.to_dict(),
             "step": state.get("step"),

@@ -44,7 +44,6 @@ Owning the dir (`RunDir`, a context manager; under torchrun only rank 0 enters i
 import contextlib
 import errno
 import os
-import signal
 import threading
 import uuid
 from dataclasses import dataclass
@@ -53,7 +52,7 @@ from pathlib import Path
 from vitmask.config import Config, flatten_config, load_config
 from vitmask.errors import UserError, warn
 from vitmask.outputs import WriteError, os_error_in, reason, write_error
-from vitmask.signals import resume_command
+from vitmask.signals import resume_command, signals_held
 from vitmask.store.checkpoint import (
     STEP_FILE,
     check_resumable,
@@ -406,7 +405,7 @@ class RunDir:
 
     # -- leaving ----------------------------------------------------------------------------
     def __exit__(self, kind, exc, tb) -> None:
-        with _signals_held():  # a second Ctrl-C must not cut the clean-up short; it is delivered after
+        with signals_held():  # a second Ctrl-C must not cut the clean-up short; it is delivered after
             started = exc is not None and not has_checkpoints(self.path)  # a start, fresh or forked
             try:
                 if started:
@@ -441,19 +440,6 @@ class RunDir:
         for d in reversed(self._made):  # innermost first; only if empty
             with contextlib.suppress(OSError):
                 d.rmdir()
-
-
-@contextlib.contextmanager
-def _signals_held():
-    """Hold SIGINT and SIGTERM back (in the main thread, where Python runs handlers) until the block ends."""
-    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
-        yield
-        return
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def _read_pid(fd: int) -> str:
