@@ -264,10 +264,11 @@ def main(argv: list[str] | None = None) -> None:
     where = machine(device)
     weights = "EMA weights" if has_ema else "weights"
     cmd = " ".join(["python scripts/make_docs_images.py", *sys.argv[1:]]) if argv is None else "make_docs_images.main"
-    caption = (
-        f"Measured {date} on {where}, by `{cmd}`: the {weights} of `{checkpoint}` (data source `{d.source}`, "
+    measured = (
+        f"on {where}, by `{cmd}`: the {weights} of `{checkpoint}` (data source `{d.source}`, "
         f"{d.image_size}x{d.image_size} images), scored on its {report['images']:,} {a.split} images."
     )
+    caption = f"Measured {date} {measured}"
     text = (
         f"""The tables and pictures below are of the headline checkpoint: {caption}
 
@@ -346,8 +347,7 @@ fill is one draw, so it scores below the most likely fill by design):
     results_page.write_text(page)
     if readme.exists():
         # README.md: the date in the table's rows only (a date is data there, not in its prose)
-        readme_caption = caption.replace(f"Measured {date} on", "Measured on", 1)
-        block = readme_caption + "\n\n" + headline_rows(report, raw, probe, finetune, date, False)
+        block = f"Measured {measured}\n\n" + headline_rows(report, raw, probe, finetune, date, False)
         readme.write_text(replace_headline(readme.read_text(), block))
     print(f"wrote {results_page}, the headline of {readme} and the pictures in {out}")
 

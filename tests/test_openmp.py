@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from tests.conftest import ROOT, write_config
-from vitmask.runtime.openmp import SPIN_COUNT, share_cpus_fairly
+from vitmask.runtime.openmp import SPIN_COUNT, USER_SETTINGS, share_cpus_fairly
 
 # the GOMP_SPINCOUNT the process holds at the moment it first imports torch, then the CLI as usual
 PROBE = """
@@ -27,7 +27,7 @@ main()
 
 
 def clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY", "KMP_BLOCKTIME")}
+    env = {k: v for k, v in os.environ.items() if k not in USER_SETTINGS}
     return {**env, "PYTHONPATH": str(ROOT / "src"), **extra}
 
 
