@@ -9,10 +9,14 @@ checked step; exit 0 when every check is within its tolerance, 1 when one is not
         --set data.source=idx --set data.path=data/mnist --set train.compile_mode=reduce-overhead
 
 The config's own train.compile_mode and train.step_shapes are checked (override them with --set);
-train.compile is set to true. About a minute on a GPU for configs/mnist-gpu.yaml, most of it compiling.
+train.compile is set to true. With --networks N, N networks (seeds seed, seed + 1, ...) are trained
+and checked one after another in this one process, each earlier Trainer kept alive: torch.compile
+runs the later networks through the code it compiled for the first, as a ladder of runs sharing a
+process does, and the check says whether that code computes their steps too.
 """
 
 import argparse
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -37,15 +41,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
     p.add_argument("--steps", type=int, default=100, help="steps to train")
     p.add_argument("--every", type=int, default=10, help="check every k-th step (0, k, 2k, ...)")
+    p.add_argument("--networks", type=int, default=1, help="networks checked one after another in this process")
     return p.parse_args(argv)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if args.steps < 1 or args.every < 1:
-        raise UserError(f"--steps and --every must be >= 1, got {args.steps} and {args.every}")
+    if args.steps < 1 or args.every < 1 or args.networks < 1:
+        raise UserError(
+            f"--steps, --every and --networks must be >= 1, got {args.steps}, {args.every} and {args.networks}"
+        )
     device = resolve_device(args.device)
-    cfg = load_config(args.config, [*args.set, "train.compile=true", f"train.max_steps={max(args.steps, 1)}"])
+    cfg = load_config(args.config, [*args.set, "train.compile=true", f"train.max_steps={args.steps}"])
     train = cfg.train
     precision = precision_on(train.precision, device)
     shapes = "static" if static_step(cfg, device) else "masked"
@@ -53,15 +60,24 @@ def main(argv=None) -> int:
     print(
         f"compile parity: {args.config} on {name}, torch {torch.__version__}, compile_mode {train.compile_mode}, "
         f"step shapes {shapes}, {precision}, accum_steps {train.accum_steps}, {args.steps} steps, "
-        f"checked every {args.every}",
+        f"checked every {args.every}, {args.networks} network(s) in one process",
         flush=True,
     )
     t0 = time.perf_counter()
-    trainer = Trainer(cfg, load_splits(cfg), device)
+    split_seed = cfg.seed if cfg.data.split_seed is None else cfg.data.split_seed  # every network: the same images
+    results, trainers = [], []
     try:
-        results = check_run(trainer, args.steps, args.every, precision, on_result=lambda r: print(r.line(), flush=True))
+        for i in range(args.networks):
+            data = dataclasses.replace(cfg.data, split_seed=split_seed)
+            run_cfg = dataclasses.replace(cfg, seed=cfg.seed + i, data=data)
+            if args.networks > 1:
+                print(f"network {i + 1} of {args.networks}, seed {run_cfg.seed}", flush=True)
+            trainers.append(Trainer(run_cfg, load_splits(run_cfg), device))  # the earlier ones stay alive
+            show = lambda r: print(r.line(), flush=True)  # noqa: E731
+            results += check_run(trainers[-1], args.steps, args.every, precision, on_result=show)
     finally:
-        trainer.close()
+        for trainer in trainers:
+            trainer.close()
     bad = [r for r in results if not r.ok]
     worst = max(max(r.loss_rel, r.grad_rel) for r in results)
     print(

@@ -73,6 +73,39 @@ def test_the_compiled_step_equals_the_eager_step_at_every_checked_step(device, m
     assert results[-1].loss_eager < results[0].loss_eager
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_second_network_in_the_same_process_trains_as_if_compiled_for_it_alone(device):
+    """torch.compile runs a second network of the same class through the code it compiled for the
+    first (one graph for both), as a ladder of runs in one process does: the second network's
+    checked steps equal eager, and its weights after training equal those of the same run compiled
+    afresh (dynamo's caches reset), bit for bit."""
+    from torch._dynamo.utils import counters
+
+    device = torch.device(device)
+    mode = "reduce-overhead" if device.type == "cuda" else "default"
+    sets = ["train.compile=true", f"train.compile_mode={mode}", "train.step_shapes=static", "train.max_steps=6"]
+    torch._dynamo.reset()
+    counters.clear()
+    first_cfg = small_cfg(*sets, "seed=1")
+    first = Trainer(first_cfg, load_splits(first_cfg), device)
+    for _ in range(3):
+        first.train_step(first.sampler.sample())
+    graphs = counters["stats"]["unique_graphs"]
+    cfg = small_cfg(*sets, "seed=2")
+    second = Trainer(cfg, load_splits(cfg), device)  # the first stays alive, as in a ladder
+    results = check_run(second, 6, 2, "fp32")
+    assert counters["stats"]["unique_graphs"] == graphs  # the second network ran the first one's code
+    for r in results:
+        assert r.ok, r.line()
+    torch._dynamo.reset()
+    alone = Trainer(cfg, load_splits(cfg), device)
+    check_run(alone, 6, 2, "fp32")
+    torch._dynamo.reset()
+    for (name, a), b in zip(second.model.state_dict().items(), alone.model.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+    assert not all(torch.equal(a, b) for a, b in zip(first.model.parameters(), second.model.parameters(), strict=True))
+
+
 class ScaledLogits(torch.nn.Module):
     """A stand-in for a wrong compiled net: the model's logits times `factor`."""
 
@@ -188,7 +221,19 @@ def test_the_script_prints_a_line_per_check_and_exits_by_the_verdict(tmp_path, m
     assert [line.split()[1] for line in out[1:4]] == ["0", "2", "4"]
     assert all(line.endswith(" ok") for line in out[1:4])
     assert out[4].startswith("3 checks, 0 outside tolerance 1e-04")
+    # two networks in one process: each is checked, the second with the next seed and the same images
+    assert script.main(["--config", str(config), "--steps", "3", "--every", "2", "--networks", "2", *sets]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].endswith("checked every 2, 2 network(s) in one process")
+    assert out[1] == "network 1 of 2, seed 0"
+    assert out[4] == "network 2 of 2, seed 1"
+    assert [line.split()[1] for line in (out[2], out[3], out[5], out[6])] == ["0", "2", "0", "2"]
+    assert out[7].startswith("4 checks, 0 outside tolerance 1e-04")
+    first_loss, second_loss = float(out[2].split()[3]), float(out[5].split()[3])
+    assert first_loss != second_loss  # another initialisation
     monkeypatch.setattr(torch, "compile", lambda net, mode=None: ScaledLogits(net, 1.01))
     assert script.main(["--config", str(config), "--steps", "2", "--every", "1"]) == 1
     assert "MISMATCH" in capsys.readouterr().out
     torch._dynamo.reset()
+    with pytest.raises(UserError, match=r"--steps, --every and --networks must be >= 1, got 2, 1 and 0"):
+        script.main(["--config", str(config), "--steps", "2", "--every", "1", "--networks", "0"])
