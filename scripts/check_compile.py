@@ -45,6 +45,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def print_line(result) -> None:
+    print(result.line(), flush=True)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.steps < 1 or args.every < 1 or args.networks < 1:
@@ -64,17 +68,15 @@ def main(argv=None) -> int:
         flush=True,
     )
     t0 = time.perf_counter()
-    split_seed = cfg.seed if cfg.data.split_seed is None else cfg.data.split_seed  # every network: the same images
+    data = dataclasses.replace(cfg.data, split_seed=cfg.split_seed)  # every network: the same images
     results, trainers = [], []
     try:
         for i in range(args.networks):
-            data = dataclasses.replace(cfg.data, split_seed=split_seed)
             run_cfg = dataclasses.replace(cfg, seed=cfg.seed + i, data=data)
             if args.networks > 1:
                 print(f"network {i + 1} of {args.networks}, seed {run_cfg.seed}", flush=True)
             trainers.append(Trainer(run_cfg, load_splits(run_cfg), device))  # the earlier ones stay alive
-            show = lambda r: print(r.line(), flush=True)  # noqa: E731
-            results += check_run(trainers[-1], args.steps, args.every, precision, on_result=show)
+            results += check_run(trainers[-1], args.steps, args.every, precision, on_result=print_line)
     finally:
         for trainer in trainers:
             trainer.close()

@@ -470,6 +470,12 @@ class Config:
     finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
     name: str = "default"  # run name: runs/<name> unless --run-dir is given; a plain name, not a path
 
+    @property
+    def split_seed(self) -> int:
+        """The seed of the train/val/test split: `data.split_seed`, else `seed` (so runs of other
+        training seeds can share one split)."""
+        return self.seed if self.data.split_seed is None else self.data.split_seed
+
     def __post_init__(self) -> None:
         check_seed(self.seed, "config: seed")
         data = self.data

@@ -46,7 +46,7 @@ class LabelledSplits:
 def load_labelled_splits(cfg: Config) -> LabelledSplits:
     """The train/val/test images of the configured source with their labels (see sources, shapes)."""
     data = cfg.data
-    seed = cfg.seed if data.split_seed is None else data.split_seed  # other training seeds, the same test images
+    seed = cfg.split_seed
     if data.source == "shapes":
         return LabelledSplits(
             *shapes.make_labelled_splits(data.num_train, data.num_val, data.num_test, data.image_size, seed)

@@ -212,7 +212,7 @@ def pack(cfg: Config, out: str | Path, progress: bool = True) -> dict:
 def _pack(cfg: Config, given: Path, out: Path, progress: bool) -> dict:
     """pack's work, once `out`'s folder exists: the rows into a temp dir beside `out`, renamed into place."""
     d = cfg.data
-    seed = cfg.seed if d.split_seed is None else d.split_seed
+    seed = cfg.split_seed
     remove_stale_temps(out)
     tmp = out.parent / f".{out.name}{TEMP_MARK}{os.getpid()}"
     try:

@@ -41,7 +41,7 @@ def take_per_class(data: LabelledSplits, per_class: int, cfg: Config) -> Labelle
     stay packed until `unpacked_splits`; the labels follow their images."""
     if per_class == 0 or data.labels is None:
         return data
-    seed = cfg.seed if cfg.data.split_seed is None else cfg.data.split_seed
+    seed = cfg.split_seed
     images, labels = {}, {}
     for i, split in enumerate(SPLITS):
         pos = per_class_positions(data.labels[split], per_class, mix64(seed, PER_CLASS_STREAM, i))  # (k,)
