@@ -9,7 +9,7 @@ from tests.conftest import MNIST_DIR, ROOT, TINY, assert_user_error, write_confi
 from tests.test_sources import run_inproc
 from vitmask.config import config_from_dict, load_config
 from vitmask.data.batches import eval_batches, load_splits
-from vitmask.data.preview import dataset_stats, format_stats, preview_grid
+from vitmask.data.preview import blank_counts, dataset_stats, format_stats, preview_grid
 
 
 def test_preview_writes_the_grid_and_prints_statistics(tmp_path, capsys):
@@ -101,12 +101,13 @@ def test_statistics_text_by_hand():
     splits = {"train": torch.stack([empty, corner]), "val": corner[None], "test": torch.stack([empty] * 3)}
     lines = format_stats(dataset_stats(splits, cfg, top=2), cfg).splitlines()  # top 2: no ties among them
     assert "mask random, ratio 0.5 (2 of 4 patches)" in lines
-    assert lines[-5:] == [
+    assert lines[-6:] == [
         "train         2  0.1250",  # 4 of 32 pixels
         "val           1  0.2500",
         "test          3  0.0000",
         "empty patches (train) 0.8750",  # 7 of 8 patches
         "most common patch classes (train): 0 [00/00] 0.8750, 15 [11/11] 0.1250",
+        "blank after preprocessing: 4 images blank, 0 nearly blank (under 1% of pixels on), of 6",  # 1 + 3 empty
     ]
 
 
@@ -116,4 +117,68 @@ def test_statistics_of_the_mnist_test_set_are_the_ones_the_docs_show():
     text = format_stats(dataset_stats(load_splits(cfg), cfg), cfg)
     page = (ROOT / "docs" / "data.md").read_text()
     shown = page[page.index("split    images  foreground") :].split("```")[0].strip().splitlines()
-    assert len(shown) == 6 and shown == text.splitlines()[-6:]
+    assert len(shown) == 7 and shown == text.splitlines()[-7:]
+
+
+# ---- blank images ------------------------------------------------------------------------------------
+def stroke_image(kind: str) -> np.ndarray:
+    """A 64x64 white-on-black drawing: `thin` 1-pixel lines (a 4x resize to 16x16 averages them below
+    half of 255: blank), `dot` a 4x4 spot (one pixel of 256 survives: nearly blank), `thick` an 8-pixel
+    bar (a 2-pixel bar at 16x16)."""
+    x = np.zeros((64, 64), np.uint8)
+    if kind == "thin":
+        x[10:54, 31] = 255
+        x[20, 8:56] = 255
+    elif kind == "dot":
+        x[28:32, 28:32] = 255
+    else:
+        x[8:56, 28:36] = 255
+    return x
+
+
+def test_preview_counts_the_thin_strokes_a_resize_blanks_and_warns_once(tmp_path, capsys):
+    kinds = ["thin"] * 16 + ["dot"] * 4 + ["thick"] * 42  # 62 drawings: 16 blank and 4 nearly blank at 16x16
+    (tmp_path / "drawings").mkdir()
+    for i, kind in enumerate(kinds):
+        Image.fromarray(stroke_image(kind)).save(tmp_path / "drawings" / f"{i:02d}.png")
+    data = {"source": "folder", "path": str(tmp_path / "drawings"), "image_size": 16, "fit": "resize"}
+    cfg = write_config(tmp_path / "c.yaml", {"data": data})
+    res = run_inproc(capsys, "preview", "--config", cfg, "--out", tmp_path / "resized.png")
+    assert res.returncode == 0, res.stderr
+    assert "blank after preprocessing: 16 images blank, 4 nearly blank (under 1% of pixels on), of 62" in res.stdout
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "Traceback" not in res.stderr
+    assert lines[0].startswith("vitmask: warning: 20 of 62 images (32%) are blank or nearly blank"), lines[0]
+    assert "data.fit resize to 16x16" in lines[0] and "data.fit=pad" in lines[0]
+
+    # the same drawings padded (centred, the 64x64 canvas cropped to its middle 16x16): the thin lines and
+    # the dot stay whole where they cross the middle, nothing is blank, and no warning
+    data["fit"] = "pad"
+    cfg = write_config(tmp_path / "c.yaml", {"data": data})
+    res = run_inproc(capsys, "preview", "--config", cfg, "--out", tmp_path / "padded.png")
+    assert res.returncode == 0 and res.stderr == "", res.stderr
+    assert "blank after preprocessing: 0 images blank, 0 nearly blank (under 1% of pixels on), of 62" in res.stdout
+
+
+@pytest.mark.parametrize("blank, warned", [(6, False), (7, True)])
+def test_preview_warns_only_when_more_than_a_tenth_of_the_images_are_blank(tmp_path, capsys, blank, warned):
+    images = np.zeros((62, 16, 16), np.uint8)
+    images[blank:, 4:12, 6:10] = 1  # 32 of 256 pixels on; the first `blank` images empty
+    np.savez(tmp_path / "d.npz", images=images)
+    cfg = write_config(tmp_path / "c.yaml", {"data": {"source": "npz", "path": str(tmp_path / "d.npz")}})
+    res = run_inproc(capsys, "preview", "--config", cfg, "--out", tmp_path / "p.png")
+    assert res.returncode == 0
+    assert f"blank after preprocessing: {blank} images blank, 0 nearly blank" in res.stdout
+    if warned:  # 7 of 62 is 11%, over a tenth; 6 of 62 (9.7%) is not
+        assert res.stderr.startswith("vitmask: warning: 7 of 62 images (11%) are blank or nearly blank")
+    else:
+        assert res.stderr == ""
+
+
+def test_blank_counts_by_hand_with_one_percent_the_edge_of_nearly_blank():
+    images = torch.zeros(6, 20, 20, dtype=torch.uint8)  # 400 pixels: under 1% is 0 < on < 4
+    for i, on in enumerate([0, 1, 3, 4, 40, 0]):
+        images[i].view(-1)[:on] = 1
+    assert blank_counts(images) == (2, 2)
+    assert blank_counts(images, chunk=4) == (2, 2)  # counted across chunks alike
+    assert blank_counts(images[:0]) == (0, 0)

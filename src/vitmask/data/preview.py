@@ -3,7 +3,10 @@
 A PNG grid of sample training images, each row of images followed by a row of the same images
 with their masks drawn (the configured strategy at `mask.ratio`, masked patches tinted blue:
 light on foreground, dark on background), and the statistics of the splits: image counts,
-foreground pixel fraction, the most common patch classes and the share of empty patches.
+foreground pixel fraction, the most common patch classes, the share of empty patches, and how many
+images preprocessing left blank (no pixel on) or nearly blank (under NEARLY_BLANK of their pixels
+on). When more than BLANK_WARN_SHARE of the images are blank or nearly blank, one warning line on
+stderr says so (a resize that thins strokes below the threshold, a wrong threshold or invert).
 
 Shapes: B images, H = W side, N patches, P pixels per patch, C token classes.
 """
@@ -22,6 +25,8 @@ from vitmask.outputs import write_atomically
 
 MASK_TINT = torch.tensor([0.2, 0.45, 1.0])  # masked patches: the pixel's gray level blended with this
 PAD = 2  # pixels between grid cells (make_grid's padding)
+NEARLY_BLANK = 0.01  # an image with some pixels on but fewer than this share of them is nearly blank
+BLANK_WARN_SHARE = 0.1  # more than this share of blank or nearly blank images: a warning
 
 
 def dataset_stats(splits: dict[str, torch.Tensor], cfg: Config, top: int = 5) -> dict:
@@ -35,7 +40,47 @@ def dataset_stats(splits: dict[str, torch.Tensor], cfg: Config, top: int = 5) ->
         "foreground": {k: foreground_share(splits[k]) for k in SPLITS},
         "empty_patch_share": float(share[0]),
         "top_classes": [(int(c), float(share[c])) for c in order],
+        "blank": {k: blank_counts(splits[k]) for k in SPLITS},
     }
+
+
+def blank_counts(images, chunk: int = 1 << 14) -> tuple[int, int]:
+    """(blank, nearly blank) images of `images` (n, H, W) 0/1 (a tensor or a packed split): no pixel on;
+    some, but fewer than NEARLY_BLANK of the image's pixels. Counted `chunk` images at a time."""
+    n, h, w = images.shape
+    limit = NEARLY_BLANK * h * w
+    blank = nearly = 0
+    for s in range(0, n, chunk):
+        on = images[s : s + chunk].sum(dim=(1, 2), dtype=torch.int64)  # (c,) pixels on per image
+        blank += int((on == 0).sum())
+        nearly += int(((on > 0) & (on < limit)).sum())
+    return blank, nearly
+
+
+def blank_line(stats: dict) -> str:
+    """The statistics' line on blank and nearly blank images, over every split."""
+    total = sum(stats["images"].values())
+    blank = sum(b for b, _ in stats["blank"].values())
+    nearly = sum(nb for _, nb in stats["blank"].values())
+    return (
+        f"blank after preprocessing: {blank:,} images blank, {nearly:,} nearly blank "
+        f"(under {NEARLY_BLANK:.0%} of pixels on), of {total:,}"
+    )
+
+
+def warn_if_blank(stats: dict, cfg: Config) -> None:
+    """One warning line on stderr when more than BLANK_WARN_SHARE of all images are blank or nearly blank."""
+    data = cfg.data
+    total = sum(stats["images"].values())
+    lost = sum(b + nb for b, nb in stats["blank"].values())
+    if total and lost / total > BLANK_WARN_SHARE:
+        warn(
+            f"{lost:,} of {total:,} images ({lost / total:.0%}) are blank or nearly blank after preprocessing "
+            f"(under {NEARLY_BLANK:.0%} of pixels on; data.fit {data.fit} to {data.image_size}x{data.image_size}, "
+            f"data.threshold {data.threshold}, data.invert {str(data.invert).lower()}): look at the preview; "
+            "resize thins strokes below the threshold (try data.fit=pad or a larger data.image_size), "
+            "or set another data.threshold or data.invert"
+        )
 
 
 def foreground_share(images, chunk: int = 1 << 14) -> float:
@@ -70,6 +115,7 @@ def format_stats(stats: dict, cfg: Config) -> str:
     lines.append(f"empty patches (train) {stats['empty_patch_share']:.4f}")
     top = ", ".join(f"{c} [{patch_label(c, data.patch_size)}] {s:.4f}" for c, s in stats["top_classes"])
     lines.append(f"most common patch classes (train): {top}")
+    lines.append(blank_line(stats))
     return "\n".join(lines)
 
 
@@ -90,7 +136,8 @@ def preview_grid(images: torch.Tensor, cfg: Config, seed: int, per_row: int = 8,
 
 
 def write_preview(splits: dict[str, torch.Tensor], cfg: Config, out: Path, count: int, seed: int) -> dict:
-    """Write the grid of `count` seeded random training images to `out` (a .png); return the stats."""
+    """Write the grid of `count` seeded random training images to `out` (a .png); return the stats (and
+    warn when many images are blank or nearly blank)."""
     if out.suffix.lower() != ".png":
         raise UserError(f"--out {out} must be a .png file, e.g. --out preview.png")
     if count < 1:
@@ -101,4 +148,6 @@ def write_preview(splits: dict[str, torch.Tensor], cfg: Config, out: Path, count
     pick = torch.randperm(len(train), generator=torch.Generator().manual_seed(seed))[:count]
     grid = preview_grid(train[pick], cfg, seed, per_row=min(8, count))
     write_atomically(out, lambda f: save_image(grid, f), "--out", make_folder=True)
-    return dataset_stats(splits, cfg)
+    stats = dataset_stats(splits, cfg)
+    warn_if_blank(stats, cfg)
+    return stats
