@@ -25,6 +25,7 @@ import math
 import shutil
 import tempfile
 from pathlib import Path
+from urllib.error import URLError
 
 import torch
 
@@ -121,24 +122,18 @@ def read_torchvision(cfg: DataConfig) -> tuple[dict[str, Raw], Labels]:
     root = Path(cfg.path)
     cls = getattr(datasets, cfg.name)
     kwargs = {"split": cfg.emnist_split} if cfg.name == "EMNIST" else {}
+    # the folders a download makes (root/<name>/raw, Omniglot's root/omniglot-py) and root's missing parents:
+    # those that are new and still empty are removed again when the download fails
+    made = [d for d in (root / cfg.name / "raw", root / cfg.name, root / "omniglot-py", root, *root.parents)]
+    made = [d for d in made if not d.exists()]
     try:
         if cfg.name == "Omniglot":  # background = the training alphabets, evaluation = the rest
             sets = {k: cls(root, background=k == "train", download=cfg.download) for k in ("train", "test")}
         else:
             sets = {k: cls(root, train=k == "train", download=cfg.download, **kwargs) for k in ("train", "test")}
-    except RuntimeError as e:
-        if not cfg.download and "not found" in str(e).lower():
-            raise UserError(
-                f"torchvision dataset {cfg.name} not found under {root} and data.download is false; "
-                f"set data.download=true to fetch it, or point data.path at the root that holds {cfg.name}/"
-            ) from None
-        why = " ".join(str(e).split())  # one line
-        raise UserError(f"could not load torchvision dataset {cfg.name} into {root} ({why}); check data.path") from None
-    except OSError as e:  # no network, a refused connection, a full disk
-        raise UserError(
-            f"could not download torchvision dataset {cfg.name} into {root} ({e.__class__.__name__}); "
-            "check the network, or fetch the files by hand and set data.download=false"
-        ) from None
+    except (RuntimeError, OSError) as e:
+        remove_empty(made)
+        raise UserError(torchvision_failed(cfg, root, e)) from None
     if cfg.name == "Omniglot":  # PNG files behind a per-item API: a loop at load time, not in the hot path
         images = {k: [torch.from_numpy(_pil_array(ds[i][0])) for i in range(len(ds))] for k, ds in sets.items()}
         return images, (
@@ -150,6 +145,56 @@ def read_torchvision(cfg: DataConfig) -> tuple[dict[str, Raw], Labels]:
         out = {k: v.transpose(1, 2).contiguous() for k, v in out.items()}
     targets = {k: torch.as_tensor(ds.targets).long() for k, ds in sets.items()}  # (n,), QMNIST: (n, 8)
     return out, {k: t[:, 0] if t.dim() == 2 else t for k, t in targets.items()}  # QMNIST's class is column 0
+
+
+def torchvision_failed(cfg: DataConfig, root: Path, e: Exception) -> str:
+    """The one-line error of a torchvision dataset that could not be loaded or downloaded."""
+    text = str(e)
+    if isinstance(e, RuntimeError):
+        if not cfg.download and "not found" in text.lower():
+            return (
+                f"torchvision dataset {cfg.name} not found under {root} and data.download is false; "
+                f"set data.download=true to fetch it, or point data.path at the root that holds {cfg.name}/"
+            )
+        if cfg.download and ("download" in text.lower() or "corrupted" in text.lower()):  # every mirror failed
+            return download_failed(cfg, root, text.strip().splitlines()[-1])
+        why = " ".join(text.split())  # one line
+        return f"could not load torchvision dataset {cfg.name} into {root} ({why}); check data.path"
+    if isinstance(e, URLError) or isinstance(e.__cause__ or e.__context__, URLError):  # no network, refused
+        return download_failed(cfg, root, text)
+    return (  # a full disk, no permission
+        f"could not write torchvision dataset {cfg.name} into {root} ({e.__class__.__name__}: {e}); "
+        "check the free space and the permissions of data.path"
+    )
+
+
+def remove_empty(folders: list[Path]) -> None:
+    """Remove each of `folders` (deepest first) that exists and is empty: what a failed download made."""
+    for d in folders:
+        try:
+            d.rmdir()
+        except OSError:  # absent, or not empty
+            pass
+
+
+IDX_DATASETS = ("MNIST", "FashionMNIST", "KMNIST")  # torchvision sets whose idx files the idx source reads as they are
+
+
+def download_failed(cfg: DataConfig, root: Path, why: str) -> str:
+    """The one-line error of a torchvision download that failed: the network is unreachable, or the
+    server refused; how to point vitmask at files the user has, or fetches elsewhere."""
+    why = " ".join(why.split())
+    local = (
+        f"point vitmask at {cfg.name}'s idx files if you have them (--set data.source=idx --set data.path=DIR, "
+        "DIR the folder of *-idx3-ubyte files or one such file), or "
+        if cfg.name in IDX_DATASETS
+        else ""
+    )
+    return (
+        f"could not download torchvision dataset {cfg.name} into {root}: the network is unreachable or the "
+        f"download failed ({why}); {local}download it on a machine with a network (the same command) and copy "
+        f"its {root}/ folder to this one's {root}/, then run again"
+    )
 
 
 def _pil_array(img):
