@@ -2,8 +2,10 @@
 
 Scans README.md, docs/**/*.md, configs/*.yaml, src/**/*.py, tests/**/*.py, scripts/**/*.py and the
 Makefile, line by line, for the patterns in PATTERNS (numbered work sessions, issue and item
-numbers, references to notes outside the repository, narrative dates and phrases that only make
-sense beside an earlier state of the project). Every hit is printed as `path:line: text`.
+numbers, references to notes outside the repository, narrative dates, phrases that only make
+sense beside an earlier state of the project, and a lab notebook's phrasing: goals a figure was
+measured against, the attempts made, the work still to do, fixes of another text). Every hit is
+printed as `path:line: text`.
 
 Dates are allowed where they are data: anywhere in docs/benchmarks.md, docs/results.md and
 docs/gpu-guide.md (each measured figure carries its date) and in README table rows (lines that
@@ -39,6 +41,19 @@ PATTERNS = [
     ("current-work-order", re.compile(r"\bth[i]s\s+task\b", re.I)),
     # a time of day as a point in the project's history
     ("time-of-day", re.compile(r"\b(?:th[e]|in\s+the|th[i]s)\s+(?:morning|afternoon|evening)(?:['’]s)?\b", re.I)),
+    # a lab notebook's phrasing: the goal a figure was measured against, a goal missed, fixes of
+    # another text, the work still to do, the attempts made
+    ("aim", re.compile(r"\baim[e]d\s+at\b", re.I)),
+    (
+        "goal-missed",
+        re.compile(
+            r"\btarg[e]ts?\b(?:[^.;]|\.\d){0,40}?\b(?:is|are|was|were)\s+(?:not\s+met|missed)\b",
+            re.I,
+        ),
+    ),
+    ("corrections", re.compile(r"\bcorr[e]ctions?\s+to\b", re.I)),
+    ("next-steps", re.compile(r"\bn[e]xt\s+steps\b", re.I)),
+    ("attempts", re.compile(r"\bwhat\s+w[a]s\s+tried\b", re.I)),
     # a calendar date (checked only outside the places where dates are data; see date_allowed)
     ("date", re.compile(r"\b(?:19|20)\d\d-[01]\d-[0-3]\d\b")),
 ]

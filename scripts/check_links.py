@@ -1,12 +1,15 @@
-"""Check that every relative link in README.md and docs/*.md resolves.
+"""Check that every relative link in README.md and docs/*.md resolves, and that docs/README.md, the
+index of the docs, links every page of docs/.
 
 A link is a Markdown link or image, `[text](target)` or `![alt](target)`. Links with a scheme
 (`https:`, `mailto:`) are skipped. For the others the file part must exist, relative to the page
 that links it, and a `#anchor` must name a heading of the target page (GitHub's slugs: lower case,
-punctuation dropped, spaces to hyphens). Each broken link is printed as `path:line: target (why)`.
+punctuation dropped, spaces to hyphens). Each broken link is printed as `path:line: target (why)`,
+each page of docs/ that docs/README.md does not link as `docs/PAGE.md: not linked from
+docs/README.md (...)`.
 
 Usage: python scripts/check_links.py [ROOT]   (ROOT: the repository, by default this script's).
-Exit code 1 on any broken link, 0 otherwise. `make lint` runs it.
+Exit code 1 on any broken link or unlinked page, 0 otherwise. `make lint` runs it.
 """
 
 import re
@@ -67,10 +70,29 @@ def broken_links(root: Path, page: Path) -> list[str]:
     return out
 
 
+def unlinked_pages(root: Path) -> list[str]:
+    """The `docs/PAGE.md: not linked ...` lines of the pages of docs/ that docs/README.md does not link."""
+    index = root / "docs" / "README.md"
+    if not index.is_file():
+        return []
+    linked = {
+        (index.parent / target.partition("#")[0]).resolve()
+        for _, line in lines_outside_code(index)
+        for target in LINK.findall(line)
+        if not SCHEME.match(target) and target.partition("#")[0]
+    }
+    return [
+        f"{page.relative_to(root).as_posix()}: not linked from docs/README.md (add it to the section of its kind)"
+        for page in sorted((root / "docs").glob("*.md"))
+        if page != index and page.resolve() not in linked
+    ]
+
+
 def main(argv: list[str]) -> int:
     root = Path(argv[1]).resolve() if len(argv) > 1 else Path(__file__).resolve().parent.parent
     pages = [root / "README.md", *sorted((root / "docs").glob("*.md"))]
     broken = [line for page in pages if page.is_file() for line in broken_links(root, page)]
+    broken += unlinked_pages(root)
     for line in broken:
         print(line)
     return 1 if broken else 0

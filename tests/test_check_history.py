@@ -55,6 +55,28 @@ def test_each_planted_word_is_reported_with_its_path_and_line(tmp_path):
     ]
 
 
+def test_a_lab_notebooks_phrasing_is_reported_and_plain_words_pass(tmp_path):
+    root = clean_tree(tmp_path)
+    planted = [
+        "The batches run over the 200,000 images/s ai" + "med at.",
+        "**The 0.60 tar" + "get is not met in 10 minutes.**",
+        "the 20 s tar" + "get for 0.60 is missed",
+        "## Corr" + "ections to the source notes",
+        "Ne" + "xt steps: a larger batch.",
+        "What w" + "as tried: three learning rates.",
+    ]
+    plain = [
+        "The benchmark's target model has width 128.",  # a target as a thing, not a goal
+        "The aim of the probe is a linear read-out.",
+        "The next step reads the batch; the next 256 batches are one block.",
+        "Each run is tried once per seed.",
+    ]
+    (root / "docs" / "results.md").write_text("# Results\n\n" + "\n".join(planted + plain) + "\n")
+    res = check(root)
+    assert res.returncode == 1
+    assert res.stdout.splitlines() == [f"docs/results.md:{3 + i}: {line}" for i, line in enumerate(planted)]
+
+
 def test_dates_pass_only_in_the_result_pages_and_readme_table_rows(tmp_path):
     root = clean_tree(tmp_path)
     date = "2026" + "-11-25"
@@ -96,3 +118,31 @@ def test_links_that_resolve_pass_and_broken_ones_are_reported(tmp_path):
         "README.md:3: docs/gone.md (no such file)",
         "README.md:5: docs/guide.md#bit-order (no heading with that anchor)",
     ]
+
+
+def test_a_docs_page_the_index_does_not_link_is_reported(tmp_path):
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for page in ("guide.md", "reference.md", "orphan.md"):
+        (docs / page).write_text(f"# {page}\n")
+    (docs / "README.md").write_text(
+        "# Documentation\n\n| page | what |\n|---|---|\n| [guide.md](guide.md) | a guide |\n\n"
+        "See [the reference](reference.md#referencemd).\n```\n[in code, not a link](orphan.md)\n```\n"
+    )
+    (tmp_path / "README.md").write_text("# demo\n\n[the orphan, from elsewhere](docs/orphan.md)\n")
+    run = [sys.executable, str(LINKS), str(tmp_path)]
+    res = subprocess.run(run, capture_output=True, text=True, timeout=60, check=False)
+    assert res.returncode == 1
+    assert res.stdout.splitlines() == [
+        "docs/orphan.md: not linked from docs/README.md (add it to the section of its kind)"
+    ]
+    (docs / "README.md").write_text((docs / "README.md").read_text() + "\nAnd [the orphan](./orphan.md).\n")
+    res = subprocess.run(run, capture_output=True, text=True, timeout=60, check=False)
+    assert (res.returncode, res.stdout) == (0, "")
+
+
+def test_every_page_of_docs_is_linked_from_the_index():
+    res = subprocess.run(
+        [sys.executable, str(LINKS), str(ROOT)], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert "not linked from docs/README.md" not in res.stdout, res.stdout
