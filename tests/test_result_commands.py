@@ -18,6 +18,7 @@ loaded with them, so a renamed config key fails too. A removed or renamed flag o
 import argparse
 import contextlib
 import io
+import os
 import re
 import runpy
 import shlex
@@ -123,7 +124,7 @@ def parse_script(script: Path, args: list[str], elided: bool) -> dict:
                 action.required = False
         raise Parsed(original(self, args, namespace))
 
-    argv, stderr = sys.argv, io.StringIO()
+    argv, environ, stderr = sys.argv, dict(os.environ), io.StringIO()  # a script may set variables as it loads
     sys.argv = [str(script), *args]
     argparse.ArgumentParser.parse_args = parse_and_stop
     try:
@@ -137,6 +138,8 @@ def parse_script(script: Path, args: list[str], elided: bool) -> dict:
     finally:
         argparse.ArgumentParser.parse_args = original
         sys.argv = argv
+        os.environ.clear()
+        os.environ.update(environ)
     raise AssertionError(f"{script.name} ran to the end without parsing its arguments")
 
 
