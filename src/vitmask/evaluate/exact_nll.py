@@ -14,9 +14,10 @@ The orders. A fixed order is one of ORDERS on the g x g grid of patches (patch i
 `raster` (rows top to bottom, each left to right), `column` (columns left to right, each top to
 bottom), their reverses, `spiral-in` (clockwise from the top-left corner to the centre) and
 `spiral-out` (its reverse: the centre first). `auto` picks the one with the lowest mean NLL on
-AUTO_IMAGES validation images. The K orders of the mixture are the chosen order mapped by the
-first K of the grid's 8 symmetries, SYMMETRIES, in that sequence: raster becomes its reverse, then
-column-major and its reverse, then the four other corners' starts. Each is as local as the chosen
+the first AUTO_IMAGES validation images. The K orders of the mixture are the chosen order mapped
+by the first K of the grid's 8 symmetries, SYMMETRIES, in that sequence: raster becomes its
+reverse, then column-major and its reverse, then rows and columns started from the other two
+corners. Each is as local as the chosen
 order (the next patch borders the visible ones in the same way), none needs a seed, and the first
 K are the most different from one another.
 
