@@ -11,13 +11,13 @@ import torch
 from tests.test_sampling import ExactJoint, a_joint, tiny_vit
 from vitmask.data.patches import patches_to_classes, patchify
 from vitmask.errors import UserError
+from vitmask.evaluate.exact_nll import order_nll
 from vitmask.evaluate.likelihood import (
     bernoulli_nll,
     check_nll_args,
     enumerated_bound,
     nll_bound,
     nll_report,
-    order_nll,
     strata_edges,
 )
 

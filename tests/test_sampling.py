@@ -68,7 +68,8 @@ class ExactJoint(torch.nn.Module):
         fits = ((self.configs.unsqueeze(0) == seen.unsqueeze(1)) | mask.unsqueeze(1)).all(-1)  # (B, 16)
         w = self.joint.unsqueeze(0) * fits  # (B, 16)
         p1 = (w @ self.configs) / w.sum(1, keepdim=True)  # (B, 4) p(x_i = 1 | visible)
-        return torch.stack([(1 - p1), p1], -1).clamp_min(1e-12).log()  # (B, 4, 2)
+        logits = torch.stack([(1 - p1), p1], -1).clamp_min(1e-12).log()  # (B, 4, 2)
+        return logits if ids is None else logits.gather(1, ids.unsqueeze(-1).expand(-1, -1, 2))  # (B, M, 2)
 
 
 def a_joint() -> torch.Tensor:

@@ -22,6 +22,7 @@ from vitmask.data.preprocess import binarize_images, load_image_file
 from vitmask.data.processor import ProcessedImages
 from vitmask.errors import UserError, warn
 from vitmask.evaluate.classify import classifier_report, confusion_image, confusion_matrix
+from vitmask.evaluate.exact_nll import AUTO, AUTO_IMAGES, check_exact_args, exact_nll_report
 from vitmask.evaluate.likelihood import check_nll_args, nll_report
 from vitmask.evaluate.pictures import image_grid, paste_predictions, reconstruction_grid, save_binary_image, save_grid
 from vitmask.evaluate.probe import online_probe, require_labels, run_probes
@@ -243,13 +244,18 @@ def evaluate_checkpoint(
     nll_samples: int = 2,
     weights: str | None = None,
     confusion: Path | None = None,
+    nll_orders: int = 8,
+    nll_order: str | None = None,
 ) -> dict:
     """The eval report of a checkpoint: the model and the baselines at each mask ratio (default: the
     config's), on `split`, with masks of `strategy` (default the config's, mixed read as random)
     drawn from `seed`; with `centre_box`, also the centre box; with `nll`, the likelihood bound
-    and its baselines (likelihood.nll_report) under "nll". `path` is a .pt checkpoint or an export
-    dir; `weights` ema | raw picks a checkpoint's weights (default: the EMA's when it has them). A
-    fine-tuned classifier gets `evaluate_classifier`'s report instead (`confusion`: its PNG)."""
+    and its baselines (likelihood.nll_report) under "nll", and with `nll_orders` K > 0 the exact
+    NLLs of the fixed order `nll_order` (default raster; auto: chosen on the val split) and of the
+    mixture of K orders (exact_nll.exact_nll_report) under "nll" / "exact". `path` is a .pt
+    checkpoint or an export dir; `weights` ema | raw picks a checkpoint's weights (default: the
+    EMA's when it has them). A fine-tuned classifier gets `evaluate_classifier`'s report instead
+    (`confusion`: its PNG)."""
     _check_split(split)
     ratios = [ratios] if isinstance(ratios, (int, float)) else list(ratios or [])
     if classifiers.is_classifier(path):
@@ -279,6 +285,7 @@ def evaluate_checkpoint(
     data = cfg.data
     if nll:
         check_nll_args(data.num_patches, data.num_classes, nll_strata, nll_samples)
+        check_exact_args(nll_orders, nll_order)
     box = centre_box_mask(data.grid)
     if centre_box and not box.any():
         raise UserError(f"--centre-box needs at least 2x2 patches; this model's grid is {data.grid}x{data.grid}")
@@ -303,6 +310,11 @@ def evaluate_checkpoint(
     }
     if nll:
         report["nll"] = nll_report(model, train, images, data.patch_size, nll_strata, nll_samples, seed, progress=True)
+    if nll and nll_orders:
+        choose_on = splits["val"][:AUTO_IMAGES].to(device) if nll_order == AUTO else None
+        report["nll"]["exact"] = exact_nll_report(
+            model, images, data.patch_size, nll_orders, nll_order, choose_on, progress=True
+        )
     return report
 
 

@@ -30,8 +30,9 @@ Baselines on the same images: independent per-pixel Bernoulli with per-position 
 fitted on the train split with add-one smoothing, p_j = (ones_j + 1) / (n + 2), so no log 0; and
 one bit per pixel (S^2 ln 2 nats).
 
-Exact forms, for small N: `order_nll` (one order, N forward passes) and `enumerated_bound` (every
-hidden set), which equals the mean of `order_nll` over all N! orders.
+Exact forms: `enumerated_bound` (every hidden set; small N only), which equals the mean over all N!
+orders of the exact NLL of one order, -log p_sigma(x) (`exact_nll.py`: one order, a mixture of
+orders, and the report beside this bound's, which `format_nll` renders).
 
 Every forward pass of the estimator and of the exact forms is a stop point (signals.check_stop).
 
@@ -41,6 +42,7 @@ C classes, S strata, K draws per stratum.
 
 import itertools
 import math
+import time
 
 import torch
 
@@ -75,6 +77,12 @@ def check_nll_args(num_patches: int, num_classes: int, strata: int, samples: int
             "(one image's draws go through the model at once); the standard error falls only as 1/sqrt(draws): "
             f"pass --nll-samples {max(2, MAX_NLL_DRAWS // strata)} or fewer"
         )
+
+
+def rows_per_pass(num_patches: int, num_classes: int, batch_size: int) -> int:
+    """Rows (images with a mask) of one forward pass: `batch_size`, fewer where their N x C logits
+    would pass LOGIT_BUDGET (large C)."""
+    return min(batch_size, max(1, LOGIT_BUDGET // (num_patches * num_classes)))
 
 
 def strata_edges(num_patches: int, strata: int) -> list[int]:
@@ -114,7 +122,7 @@ def nll_bound(
     edges = strata_edges(num_patches, strata)
     lo = torch.tensor(edges[:-1])  # (S,)
     width = torch.tensor(edges[1:]) - lo  # (S,) stratum sizes
-    rows = min(batch_size, max(1, LOGIT_BUDGET // (num_patches * 2 ** (patch_size**2))))  # large C: fewer rows
+    rows = rows_per_pass(num_patches, 2 ** (patch_size**2), batch_size)
     per_image = max(1, rows // (strata * samples))  # images per forward pass
     gen = torch.Generator().manual_seed(seed)
     values = []
@@ -138,28 +146,10 @@ def nll_bound(
 
 
 @torch.inference_mode()
-def order_nll(model: torch.nn.Module, images: torch.Tensor, patch_size: int, order: torch.Tensor) -> torch.Tensor:
-    """-log p_sigma(x) for the order `order` (N,) (a permutation of the patches): N forward passes.
-
-    Step t shows the patches order[:t] and adds -log p(x_order[t] | them). Returns (n,) float64 nats.
-    """
-    pix = patchify(images, patch_size)  # (n, N, P)
-    truth = patches_to_classes(pix)  # (n, N)
-    total = torch.zeros(len(images), dtype=torch.float64, device=images.device)
-    mask = torch.ones(pix.shape[:2], dtype=torch.bool, device=images.device)  # (n, N) all hidden
-    for i in order.tolist():
-        check_stop()
-        logp = model(pix.float(), mask).float().log_softmax(-1)  # (n, N, C)
-        total -= logp[:, i].gather(1, truth[:, i : i + 1]).squeeze(1).double()
-        mask[:, i] = False
-    return total
-
-
-@torch.inference_mode()
 def enumerated_bound(model: torch.nn.Module, images: torch.Tensor, patch_size: int) -> torch.Tensor:
     """The bound sum_m L_m(x) with every hidden set enumerated (no sampling): (n,) float64 nats.
 
-    For small N only (2^N - 1 hidden sets per image); it equals the mean of `order_nll` over all orders.
+    For small N only (2^N - 1 hidden sets per image); it equals the mean of `exact_nll.order_nll` over all orders.
     """
     n_patches = (images.shape[-1] // patch_size) ** 2
     if n_patches > MAX_ENUMERATED_PATCHES:
@@ -200,7 +190,9 @@ def nll_report(
     """The bound on `images` with its standard errors, beside the two baselines; plain numbers (JSON-able)."""
     num_patches = (images.shape[-1] // patch_size) ** 2
     check_nll_args(num_patches, 2 ** (patch_size**2), strata, samples)
+    began = time.perf_counter()
     est = nll_bound(model, images, patch_size, strata, samples, seed, progress=progress)
+    seconds = time.perf_counter() - began
     n = len(images)
     pixels = images.shape[-1] * images.shape[-2]
     per_image = est["per_image"]
@@ -217,6 +209,7 @@ def nll_report(
         "bits_per_pixel": float(per_image.mean()) * to_bpp,
         "se_mc": float(est["variance"].sum().sqrt()) / n,  # Monte Carlo s.e. of the mean over these images
         "se_images": float(per_image.std() / math.sqrt(n)) if n > 1 else float("nan"),
+        "seconds": seconds,
         "per_image": per_image.tolist(),
         "by_stratum": [
             {"m_from": edges[s] + 1, "m_to": edges[s + 1], "nll": float(v)} for s, v in enumerate(est["stratum_nll"])
@@ -229,21 +222,73 @@ def nll_report(
 
 
 def format_nll(r: dict) -> str:
-    """The NLL report as plain text."""
+    """The NLL report as plain text: the bound, and the exact NLLs (`exact_nll.exact_nll_report`) under "exact"."""
     side = math.isqrt(r["pixels"])
+    exact = r.get("exact")
+    w = 36
+
+    def row(label: str, nats: float, bpp: float, seconds: float | None = None, note: str = "") -> str:
+        time_cell = f"{seconds:10.1f}" if seconds is not None else " " * 10
+        return f"  {label:{w}}{nats:12.2f}{bpp:12.4f}{time_cell}" + (f"   {note}" if note else "")
+
+    title = f"NLL upper bound, any order: {r['images']:,} images, {r['strata']} strata of the hidden count x "
+    title += f"{r['samples']} draws, seed {r['seed']}"
+    mixed = bool(exact) and exact["orders"] > 1  # one order: its mixture is itself, not shown twice
+    if exact:
+        title += f"; exact NLL of the {exact['order']} order"
+        title += f" and of a mixture of {exact['orders']}" if mixed else ""
     lines = [
-        f"NLL upper bound, any order: {r['images']:,} images, {r['strata']} strata of the hidden count x "
-        f"{r['samples']} draws, seed {r['seed']}",
+        title,
         f"(nats per image; bits per pixel over all {side}x{side} = {r['pixels']:,} pixels of the fitted image, "
         "padding included)",
-        f"  {'':34}{'nats/image':>12}{'bits/pixel':>12}",
-        f"  {'model (upper bound)':34}{r['nats']:12.2f}{r['bits_per_pixel']:12.4f}"
-        f"   s.e. {r['se_mc']:.2f} (Monte Carlo), {r['se_images']:.2f} (between images)",
-        f"  {'per-position Bernoulli (train)':34}{r['baselines']['bernoulli']['nats']:12.2f}"
-        f"{r['baselines']['bernoulli']['bits_per_pixel']:12.4f}",
-        f"  {'1 bit per pixel':34}{r['baselines']['one_bit']['nats']:12.2f}{1.0:12.4f}",
-        "  mean -log p(x_i | visible) of a hidden patch, by hidden count m (nats):",
+        f"  {'':{w}}{'nats/image':>12}{'bits/pixel':>12}{'seconds':>10}",
+        row(
+            "model (upper bound)",
+            r["nats"],
+            r["bits_per_pixel"],
+            r.get("seconds"),
+            f"s.e. {r['se_mc']:.2f} (Monte Carlo), {r['se_images']:.2f} (between images)",
+        ),
+    ]
+    if exact:
+        fixed, mix = exact["fixed"], exact["mixture"]
+        se = "s.e. {:.2f} (between images)"
+        lines.append(
+            row(f"model (exact), order {exact['order']}", fixed["nats"], fixed["bits_per_pixel"], fixed["seconds"],
+                se.format(fixed["se_images"]))
+        )  # fmt: skip
+        if mixed:
+            lines.append(
+                row(f"model (exact), mixture of {exact['orders']} orders", mix["nats"], mix["bits_per_pixel"],
+                    mix["seconds"], se.format(mix["se_images"]))
+            )  # fmt: skip
+    bern = r["baselines"]["bernoulli"]
+    lines += [
+        row("per-position Bernoulli (train)", bern["nats"], bern["bits_per_pixel"]),
+        row("1 bit per pixel", r["baselines"]["one_bit"]["nats"], 1.0),
+        "  upper bound: mean -log p(x_i | visible) of a hidden patch, by hidden count m (nats):",
     ]
     cells = [f"m {s['m_from']}-{s['m_to']}: {s['nll']:.3f}" for s in r["by_stratum"]]
     lines += ["    " + ", ".join(cells[i : i + 6]) for i in range(0, len(cells), 6)]
+    if not exact:
+        return "\n".join(lines)
+    if mixed:
+        lines.append(
+            f"  exact: the {exact['orders']} orders of the mixture, {exact['order']} mapped by the grid's symmetries; "
+            "each alone (nats):"
+        )
+        cells = [f"{c['symmetry']} {c['nats']:.2f}" for c in exact["chains"]]
+        lines += ["    " + ", ".join(cells[i : i + 4]) for i in range(0, len(cells), 4)]
+        lines.append("  exact: the mixture of the first k orders (nats; its gain over the order alone):")
+        fixed = exact["fixed"]["nats"]
+        cells = [f"k={m['orders']} {m['nats']:.2f} ({m['nats'] - fixed:+.2f})" for m in exact["mixture_by_orders"]]
+        lines.append("    " + ", ".join(cells))
+    chosen = exact.get("chosen_on")
+    if chosen:
+        lines.append(
+            f"  exact: order {exact['order']} chosen by its mean exact NLL on the first {chosen['images']:,} "
+            f"{chosen['split']} images ({chosen['seconds']:.1f} s), among (nats):"
+        )
+        cells = [f"{name} {v:.2f}" for name, v in chosen["candidates"].items()]
+        lines += ["    " + ", ".join(cells[i : i + 3]) for i in range(0, len(cells), 3)]
     return "\n".join(lines)
