@@ -8,6 +8,7 @@ from the threshold, patches cut with reshape/permute, a classifier built from th
 EMA entry, and fits done by slicing (pad, center_crop) or by torch's own interpolate (resize).
 """
 
+import csv
 import json
 
 import numpy as np
@@ -17,7 +18,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 import vitmask
-from tests.conftest import TINY, train_tiny
+from tests.conftest import TINY, assert_user_error, train_tiny
 from vitmask.config import config_from_dict
 from vitmask.data.batches import load_labelled_splits
 from vitmask.data.processor import ImageProcessor, ProcessedImages
@@ -609,3 +610,63 @@ def test_the_masked_model_fits_another_size_when_asked(pretrained, tmp_path):
     assert torch.equal(model.pixels(big, fit="resize"), torch.from_numpy(binary(torch_resize(big))))
     with pytest.raises(UserError, match="24x24 pixels, but the model takes 16x16 images and its fit is none"):
         model.features(big, fit="none")
+
+
+def read_csv(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def test_predict_fits_another_size_only_with_fit_and_records_it(run_cli, fit_none, tmp_path):
+    folder = tmp_path / "images"
+    folder.mkdir()
+    big, small = gray_images(2, 20, 20, seed=8), gray_images(1, 12, 14, seed=9)
+    for i, image in enumerate([*big, *small]):
+        Image.fromarray(image.astype(np.uint8)).save(folder / f"{i}.png")
+    out = tmp_path / "p.csv"
+    res = run_cli("predict", "--checkpoint", fit_none, "--input", folder, "--out", out)
+    assert_user_error(res, "0.png: 20x20 pixels, but the model takes 16x16", "--fit")
+    assert not out.exists()
+    np.savez(tmp_path / "x.npz", images=big)
+    res = run_cli("predict", "--checkpoint", fit_none, "--input", tmp_path / "x.npz", "--out", out)
+    assert_user_error(res, "x.npz: 20x20 pixels", "its fit is none", "--fit")
+    assert_user_error(
+        run_cli("predict", "--checkpoint", fit_none, "--input", folder, "--out", out, "--fit", "crop"),
+        "--fit must be one of pad, resize, center_crop, none, got 'crop'",
+    )
+
+    res = run_cli("predict", "--checkpoint", fit_none, "--input", folder, "--out", out, "--fit", "pad", "--top-k", "2")
+    assert res.returncode == 0, res.stderr
+    assert "images of another size fitted by pad" in res.stdout
+    rows = read_csv(out)
+    assert list(rows[0]) == ["name", "class_1", "probability_1", "class_2", "probability_2", "fit"]
+    assert [r["fit"] for r in rows] == ["pad"] * 3
+    fitted = np.concatenate([pad_or_crop(big), pad_or_crop(small)])
+    want = hand_probabilities(fit_none, binary(fitted))
+    got = torch.tensor([[float(r["probability_1"]), float(r["probability_2"])] for r in rows])
+    assert torch.allclose(got, want.sort(descending=True).values[:, :2], atol=1e-6, rtol=0)
+
+    out_json = tmp_path / "p.json"
+    res = run_cli(
+        "predict", "--checkpoint", fit_none, "--input", tmp_path / "x.npz", "--out", out_json, "--fit", "resize"
+    )
+    assert res.returncode == 0, res.stderr
+    records = json.loads(out_json.read_text())
+    assert [r["fit"] for r in records] == ["resize", "resize"]
+    want = hand_probabilities(fit_none, binary(torch_resize(big)))
+    assert [r["probabilities"][0] for r in records] == pytest.approx(want.max(1).values.tolist(), abs=1e-6)
+    # without --fit the record has no fit entry: the model's own preprocessing
+    same = tmp_path / "same.npz"
+    np.savez(same, images=gray_images(2))
+    res = run_cli("predict", "--checkpoint", fit_none, "--input", same, "--out", tmp_path / "q.json")
+    assert res.returncode == 0 and "fit" not in json.loads((tmp_path / "q.json").read_text())[0]
+
+
+def test_predict_refuses_fit_for_a_pack(run_cli, finetuned, tmp_path):
+    from tests.conftest import write_config
+
+    pack = tmp_path / "pack"
+    assert run_cli("pack", "--config", write_config(tmp_path / "t.yaml"), "--out", pack).returncode == 0
+    res = run_cli("predict", "--checkpoint", finetuned, "--input", pack, "--out", tmp_path / "p.csv", "--fit", "pad")
+    assert_user_error(res, "--fit fits images, folders and .npz archives", "leave --fit out")
+    assert not (tmp_path / "p.csv").exists()
