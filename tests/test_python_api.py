@@ -191,6 +191,14 @@ def test_every_documented_layout_is_read_as_written(finetuned):
         ([np.zeros((16, 16), np.uint8), [[0, 1]]], "image 1 is of type list"),
         (Image.new("L", (0, 0)), "0x0 PIL image, no pixels"),
         (Image.new("RGB", (5, 0)), "5x0 PIL image, no pixels"),
+        (Image.new("RGBA", (16, 16), (0, 0, 0, 0)), "transparent pixels"),
+        (np.zeros((16, 16, 2), np.uint8), r"shape \(16, 16, 2\), which is one gray-and-alpha image or a batch"),
+        (np.ma.masked_array(np.zeros((16, 16)), mask=np.eye(16)), "masked array with masked pixels"),
+        ("", "the image is an empty path"),
+        ("a\x00b.png", "holds a NUL character"),
+        ("x" * 5000 + ".png", "cannot be looked at"),
+        ("no/such/file.png", "image not found"),
+        ((x for x in [np.zeros((16, 16))]), "is of type generator"),
         (None, "is of type NoneType"),
         (b"\x89PNG", "is of type bytes"),
         (3.5, "is of type float"),
@@ -225,6 +233,9 @@ def test_dtypes_numpy_cannot_hold_are_read_by_their_values(finetuned):
         "fortran": np.asfortranarray(gray.astype(np.uint8)),
         "read-only": read_only(gray),
         "transposed tensor": torch.from_numpy(gray.astype(np.uint8)).transpose(1, 2).contiguous().transpose(1, 2),
+        "longdouble": (gray / 255.0).astype(np.longdouble),
+        "masked array, nothing masked": np.ma.masked_array(gray, mask=np.zeros_like(gray, bool)),
+        "flipped twice": gray[:, ::-1][:, ::-1],
     }
     for name, images in forms.items():
         # values that survive the dtype: bf16 and float8 round the levels, none of them across 127.5 / 255
@@ -345,7 +356,7 @@ def test_from_pretrained_reads_a_hostile_config_json_in_one_line(tmp_path):
         with pytest.raises(UserError, match=needles[name]) as e:
             ImageProcessor.from_pretrained(folder)
         assert "\n" not in str(e.value) and "export the model again" in str(e.value), name
-    with pytest.raises(UserError, match="takes an export dir's path, got type int"):
+    with pytest.raises(UserError, match="from_pretrained's path must be a path .*got type int"):
         ImageProcessor.from_pretrained(3)
     with pytest.raises(UserError, match="takes a Config or a DataConfig"):
         ImageProcessor.from_config({"data": data})
@@ -395,10 +406,19 @@ def test_a_cuda_device_beyond_the_count_is_refused(monkeypatch, tmp_path):
 
 
 def test_loader_paths_and_weights_of_another_type_are_one_line(finetuned, pretrained, exported):
-    for load in (vitmask.load_classifier, vitmask.load_masked_model):
-        for path, needle in ((None, "got type NoneType"), (3, "got type int"), ("", "got an empty path")):
+    for load in (vitmask.load_classifier, vitmask.load_masked_model, vitmask.load_pretrained):
+        for path, needle in (
+            (None, "got type NoneType"),
+            (3, "got type int"),
+            (b"last.pt", "got type bytes"),
+            ("", "path is an empty path"),
+            ("  ", "path is an empty path"),
+            ("a\x00b.pt", "path holds a NUL character"),
+            ("x" * 5000, "cannot be looked at"),
+        ):
             with pytest.raises(UserError, match=needle):
                 load(path)
+    for load in (vitmask.load_classifier, vitmask.load_masked_model):
         for weights, needle in ((1, r"got 1 \(type int\)"), (True, "type bool"), ("best", "must be ema or raw")):
             with pytest.raises(UserError, match=needle):
                 load(finetuned if load is vitmask.load_classifier else pretrained, weights=weights)
@@ -438,6 +458,8 @@ def test_top_k_as_a_numpy_integer_is_its_value(finetuned):
     classifier = vitmask.load_classifier(finetuned)
     top = classifier.predict(gray_images(2), top_k=np.int64(3))
     assert top.probabilities.shape == (2, 3) and top.classes.dtype == torch.int64
+    with pytest.raises(UserError, match=r"top_k 0 is out of range"):  # a numpy scalar shown as its value
+        classifier.predict(gray_images(2), top_k=np.int64(0))
 
 
 # ---- A: processed images and masks ---------------------------------------------------------------------
@@ -465,6 +487,8 @@ def test_processed_images_of_another_size_or_kind_are_refused_naming_the_size(fi
     ):
         with pytest.raises(UserError, match=needle):
             ProcessedImages(pixels, 2)
+    with pytest.raises(UserError, match="16-pixel images do not cut into 3x3 patches"):
+        ProcessedImages(good.pixels, 3)
     with pytest.raises(UserError, match="patch_size must be an integer from 1 to 4"):
         ProcessedImages(good.pixels, 2.0)
     # processed images of the model's size, from a bool tensor: what the processor gives

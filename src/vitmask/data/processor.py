@@ -13,8 +13,9 @@ It takes one image, a batch, or a list of images (docs/python.md has the full ru
 - (H, W, C) with C = 1, 3 or 4 (channels last: gray, RGB, RGBA): one image. An array of 3 dimensions
   whose last axis is 1, 3 or 4 is always read so, never as a batch of images 1, 3 or 4 pixels
   wide: pass those as (B, H, W, 1) or as a list;
-- (B, H, W) with W not 1, 3 or 4: a batch of B gray images (so a (3, H, W) array is 3 gray images:
-  channels first is never read);
+- (B, H, W) with W not 1, 2, 3 or 4: a batch of B gray images (so a (3, H, W) array is 3 gray
+  images: channels first is never read); a last axis of 2 (gray and alpha, or images 2 pixels
+  wide?) is refused;
 - (B, H, W, C) with C = 1, 3 or 4: a batch of channels-last images. A 4-dimensional array whose last
   axis is not 1, 3 or 4 but whose second is (channels first, (B, C, H, W)) is refused;
 - a PIL image of any mode (imagefile.gray_levels); an image file's path (str or os.PathLike);
@@ -81,6 +82,8 @@ class ProcessedImages:
         if x.dtype not in (torch.uint8, torch.bool):
             raise UserError(f"ProcessedImages.pixels has dtype {x.dtype}; it takes uint8 0/1 pixels")
         size = check_integer(self.patch_size, "ProcessedImages.patch_size", 1, MAX_PATCH_SIZE)
+        if x.shape[1] % size:
+            raise UserError(f"ProcessedImages: {x.shape[1]}-pixel images do not cut into {size}x{size} patches")
         object.__setattr__(self, "patch_size", size)
         if x.dtype == torch.bool:
             object.__setattr__(self, "pixels", x.to(torch.uint8))
@@ -121,8 +124,29 @@ def check_fit(fit, what: str = "fit") -> str:
     return fit
 
 
+def check_path(path, what: str = "path") -> Path:
+    """A path argument: a str or os.PathLike, not empty, no NUL character, one the system can look at."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise UserError(f"{what} must be a path (a str or Path), got type {type(path).__name__}")
+    text = os.fspath(path)
+    if isinstance(text, bytes):
+        raise UserError(f"{what} is a bytes path; pass a str or Path")
+    if not text.strip():
+        raise UserError(f"{what} is an empty path; pass a file's or a folder's path")
+    if "\x00" in text:
+        raise UserError(f"{what} holds a NUL character; pass a file's or a folder's path")
+    try:
+        Path(text).exists()
+    except OSError as e:  # a name too long for the file system
+        raise UserError(f"{what} {short(text)} cannot be looked at ({e.strerror or e.__class__.__name__})") from None
+    return Path(text)
+
+
 def short(value) -> str:
-    """A value as an error message shows it: its repr, cut to 40 characters (an integer by its size)."""
+    """A value as an error message shows it: its repr, cut to 40 characters (an integer by its size;
+    a numpy scalar as the Python value it holds)."""
+    if isinstance(value, np.generic) and not isinstance(value, (np.bool_, np.void)):
+        value = value.item()
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**40:
         return f"an integer of {len(str(abs(value))) if abs(value) < 10**4000 else 'over 4000'} digits"
     text = repr(value)
@@ -203,11 +227,7 @@ class ImageProcessor:
         """The processor of an export dir (`vitmask export`), from its config.json. For a .pt checkpoint:
         `ImageProcessor.from_config(vitmask.store.checkpoint.checkpoint_config(path))`, or the
         `.processor` of `vitmask.load_classifier(path)` / `vitmask.load_masked_model(path)`."""
-        if not isinstance(path, (str, os.PathLike)):
-            raise UserError(
-                f"ImageProcessor.from_pretrained takes an export dir's path, got type {type(path).__name__}"
-            )
-        file = Path(path) / "config.json"
+        file = check_path(path, "ImageProcessor.from_pretrained's path") / "config.json"
         if not file.is_file():
             raise UserError(
                 f"{path} is not an export dir (no config.json); pass a folder written by vitmask export, or build "
@@ -273,8 +293,10 @@ def is_batch(array) -> bool:
 def as_array(x, what: str) -> np.ndarray:
     """A numpy array, or a torch tensor (any device) as one: dtypes numpy cannot hold (bfloat16, float8)
     as float32; sparse, quantized, nested and meta tensors refused."""
+    if isinstance(x, np.ma.MaskedArray) and np.ma.getmaskarray(x).any():
+        raise UserError(f"{what} is a masked array with masked pixels, which have no gray level; pass x.filled(0)")
     if isinstance(x, np.ndarray):
-        return x
+        return np.asarray(x)  # a subclass (matrix, masked array, memmap) as a plain array
     if x.is_nested or x.layout != torch.strided:
         kind = "a nested tensor" if x.is_nested else f"a {x.layout} tensor"
         raise UserError(f"{what} is {kind}; pass a dense tensor (x.to_dense()) or a numpy array")
@@ -291,6 +313,11 @@ def as_array(x, what: str) -> np.ndarray:
 def gray_batch(images, what: str = "the images") -> torch.Tensor:
     """An array or tensor of one image or a batch (the layouts of the module docstring) -> (B, H, W) uint8."""
     a = as_array(images, what)
+    if a.ndim == 3 and a.shape[-1] == 2:
+        raise UserError(
+            f"{what}: shape {tuple(a.shape)}, which is one gray-and-alpha image or a batch of images 2 pixels wide; "
+            "pass x[..., 0] for the gray levels, or the batch as (B, H, 2, 1)"
+        )
     if a.ndim == 2:
         a = a[None]  # (1, H, W)
     elif a.ndim == 3 and not is_batch(a):
@@ -320,7 +347,11 @@ def gray_image(image, what: str) -> torch.Tensor:
     from PIL import Image
 
     if isinstance(image, (str, os.PathLike)):
-        return torch.from_numpy(read_gray(image))
+        check_path(image, what)
+        try:
+            return torch.from_numpy(read_gray(image))
+        except OSError as e:  # a name too long, a path the system refuses to look at
+            raise UserError(f"{what}: cannot read {short(str(image))} ({e.strerror or e.__class__.__name__})") from None
     if isinstance(image, Image.Image):
         if image.width == 0 or image.height == 0:
             raise UserError(

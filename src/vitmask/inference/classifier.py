@@ -18,7 +18,6 @@ Shapes: B images, S image side, N patches, P pixels per patch, F pooled features
 """
 
 import numbers
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +25,7 @@ import numpy as np
 import torch
 
 from vitmask.data.patches import patchify
-from vitmask.data.processor import ImageProcessor, ProcessedImages, short
+from vitmask.data.processor import ImageProcessor, ProcessedImages, check_path, short
 from vitmask.errors import UserError
 from vitmask.runtime.process import api_device
 from vitmask.store.classifier import ClassLabels, LoadedClassifier, load_classifier_model
@@ -149,10 +148,8 @@ def model_pixels(images, processor: ImageProcessor, fit: str | None) -> torch.Te
 
 
 def check_load_arguments(path, weights) -> None:
-    """The path and weights of a loader: a str or os.PathLike, not empty, and None, ema or raw."""
-    if not isinstance(path, (str, os.PathLike)) or not str(os.fspath(path)).strip():
-        got = "an empty path" if isinstance(path, (str, os.PathLike)) else f"type {type(path).__name__}"
-        raise UserError(f"path must be a checkpoint's or an export dir's path (a str or Path), got {got}")
+    """The path and weights of a loader: a path (processor.check_path), and None, ema or raw."""
+    check_path(path)
     if weights is not None and not isinstance(weights, str):
         raise UserError(f"weights must be 'ema', 'raw' or None, got {short(weights)} (type {type(weights).__name__})")
 

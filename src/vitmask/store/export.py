@@ -297,10 +297,10 @@ def load_pretrained(path: str | Path, device: torch.device | str = "cpu") -> Mas
 
     `path` a str or os.PathLike; `device` cpu, cuda, cuda:K or auto, checked before anything is read.
     """
+    from vitmask.data.processor import check_path
     from vitmask.runtime.process import api_device
 
-    if not isinstance(path, (str, os.PathLike)):
-        raise UserError(f"path must be an export dir's path (a str or Path), got type {type(path).__name__}")
+    check_path(path)
     device = api_device(device)
     loaded = load_export(path, device)
     loaded.model.processor = ImageProcessor.from_config(loaded.config)
