@@ -93,7 +93,7 @@ def test_bad_input_is_one_clear_error(tmp_path):
         ("no/such.png", "image not found"),
         ({"not": "an image"}, "is of type dict"),
         (np.full((4, 4), 300, dtype=np.int32), "0..255"),
-        (np.zeros((3, 3), dtype=np.uint8), "3x3 pixels, but the model takes 4x4 images and its fit is none"),
+        (np.zeros((3, 3), dtype=np.uint8), "3x3 pixels, but the model takes 4x4 images and the fit is none"),
     ]
     for images, needle in cases:
         with pytest.raises(UserError, match=needle):

@@ -604,7 +604,7 @@ def test_python_fits_another_size_only_when_asked_and_says_which_fit(fit_none):
     assert classifier.processor.fit == "none"
     big, small = gray_images(2, 20, 22, seed=5), gray_images(1, 10, 12, seed=6)
     with pytest.raises(
-        UserError, match=r"20x22 pixels, but the model takes 16x16 images and its fit is none; .*fit='pad'"
+        UserError, match=r"20x22 pixels, but the model takes 16x16 images and the fit is none; .*fit='pad'"
     ):
         classifier.predict(big)
     with pytest.raises(UserError, match=r"image 1: 10x12 pixels, .*vitmask predict --fit"):
@@ -632,7 +632,7 @@ def test_the_masked_model_fits_another_size_when_asked(pretrained, tmp_path):
     big = gray_images(1, 24, 24, seed=7)
     assert torch.equal(model.pixels(big), torch.from_numpy(binary(pad_or_crop(big))))
     assert torch.equal(model.pixels(big, fit="resize"), torch.from_numpy(binary(torch_resize(big))))
-    with pytest.raises(UserError, match="24x24 pixels, but the model takes 16x16 images and its fit is none"):
+    with pytest.raises(UserError, match="24x24 pixels, but the model takes 16x16 images and the fit is none"):
         model.features(big, fit="none")
 
 
@@ -653,7 +653,7 @@ def test_predict_fits_another_size_only_with_fit_and_records_it(run_cli, fit_non
     assert not out.exists()
     np.savez(tmp_path / "x.npz", images=big)
     res = run_cli("predict", "--checkpoint", fit_none, "--input", tmp_path / "x.npz", "--out", out)
-    assert_user_error(res, "x.npz: 20x20 pixels", "its fit is none", "--fit")
+    assert_user_error(res, "x.npz: 20x20 pixels", "the fit is none", "--fit")
     assert_user_error(
         run_cli("predict", "--checkpoint", fit_none, "--input", folder, "--out", out, "--fit", "crop"),
         "--fit must be one of pad, resize, center_crop, none, got 'crop'",

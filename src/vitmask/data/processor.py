@@ -275,7 +275,7 @@ class ImageProcessor:
         s = self.image_size
         if self.fit == "none" and (h, w) != (s, s):
             raise UserError(
-                f"{what}: {h}x{w} pixels, but the model takes {s}x{s} images and its fit is none; choose how to fit "
+                f"{what}: {h}x{w} pixels, but the model takes {s}x{s} images and the fit is none; choose how to fit "
                 f"other sizes: {FIT_CHOICE}"
             )
         return binarize_images(gray, self.data_config())
