@@ -4,7 +4,8 @@ equal the eager step's, from the same state and batch, at every k-th step of a r
 The inductor cases compile a one-block model on the CPU (and on CUDA where there is one): together
 they cover every compile_mode, both step shapes, a ratio schedule, mixed masks, Muon, the EMA and
 accum_steps 2. The checker itself is shown to fail on a compiled net that computes a different loss
-or gradients.
+or gradients, and a checked step under compile to update with the compiled gradients, not the eager
+ones. A run that would replay CUDA graphs with gradient accumulation is refused by its own set-up.
 """
 
 import importlib.util
@@ -237,3 +238,60 @@ def test_the_script_prints_a_line_per_check_and_exits_by_the_verdict(tmp_path, m
     torch._dynamo.reset()
     with pytest.raises(UserError, match=r"--steps, --every and --networks must be >= 1, got 2, 1 and 0"):
         script.main(["--config", str(config), "--steps", "2", "--every", "1", "--networks", "0"])
+
+
+def test_a_checked_step_under_compile_updates_with_the_compiled_steps_gradients():
+    """A compiled net that computes another loss than the eager one (its logits 3x, through
+    torch.compile's aot_eager backend): the checked run follows the compiled gradients, bit for bit as
+    the same run unchecked, not the eager gradients it was compared against."""
+    cfg = small_cfg("train.max_steps=3")
+    splits = load_splits(cfg)
+
+    def trainer(compiled: bool) -> Trainer:
+        t = Trainer(cfg, splits, torch.device("cpu"))
+        if compiled:
+            t.net = torch.compile(ScaledLogits(t.model, 3.0), backend="aot_eager")
+        return t
+
+    torch._dynamo.reset()
+    checked = trainer(compiled=True)
+    results = check_run(checked, 3, 1, "fp32")
+    assert [r.ok for r in results] == [False] * 3  # the compiled step differs from the eager one
+    unchecked, eager = trainer(compiled=True), trainer(compiled=False)
+    for t in (unchecked, eager):
+        for _ in range(3):
+            t.train_step(t.sampler.sample())
+    torch._dynamo.reset()
+    for (name, a), b in zip(checked.model.state_dict().items(), unchecked.model.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+    assert not all(torch.equal(a, b) for a, b in zip(checked.model.parameters(), eager.model.parameters(), strict=True))
+
+
+def test_a_run_with_cuda_graphs_and_gradient_accumulation_is_refused_by_its_set_up(
+    monkeypatch, tmp_path, run_cli_in_process
+):
+    """`vitmask train --device cuda` as a real run sets it up (CUDA made to look available; no memory
+    figure): refused in one line before any model is built or moved, the run dir not left behind; the
+    fine-tuning trainer's set-up refuses it too."""
+    from tests.conftest import assert_user_error, write_config
+    from vitmask.data.batches import load_labelled_splits
+    from vitmask.model import memory_estimate
+    from vitmask.model.vit import build_model
+    from vitmask.train.finetune import FinetuneTrainer
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(memory_estimate, "available_bytes", lambda device: None)
+    built = []
+    monkeypatch.setattr(torch.nn.Module, "to", lambda self, *a, **k: built.append(a) or self)
+    sets = ["train.compile=true", "train.compile_mode=reduce-overhead", "train.accum_steps=2"]
+    config = write_config(tmp_path / "c.yaml")
+    args = ["train", "--config", config, "--device", "cuda", "--run-dir", tmp_path / "run"]
+    res = run_cli_in_process(*args, *[a for s in sets for a in ("--set", s)])
+    assert_user_error(res, "train.accum_steps=2 with train.compile_mode=reduce-overhead on CUDA", "accum_steps=1")
+    assert not (tmp_path / "run").exists()
+    assert built == []  # no module was moved to the GPU
+
+    cfg = small_cfg(*sets)
+    with pytest.raises(UserError, match="accum_steps=2 with train.compile_mode=reduce-overhead"):
+        FinetuneTrainer(cfg, load_labelled_splits(cfg), torch.device("cuda"), build_model(cfg).state_dict())
+    assert built == []

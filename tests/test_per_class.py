@@ -81,3 +81,27 @@ def test_probe_and_finetune_read_k_images_of_each_class_of_a_pack(run_cli, packe
     monkeypatch.setattr(memory, "available_bytes", lambda device: 10_000 if device.type == "cpu" else real(device))
     res = run_cli("probe", "--checkpoint", ckpt, "--k", "3", "--device", "cpu")
     assert_user_error(res, "--per-class")
+
+
+def test_the_subset_follows_the_split_seed_not_the_training_seed():
+    """Runs of other training seeds on one split (data.split_seed) read the same images; another split
+    seed reads others; without data.split_seed, `seed` is the split's seed."""
+    from vitmask.config import config_from_dict
+    from vitmask.data.batches import LabelledSplits
+    from vitmask.data.per_class import take_per_class
+
+    generator = torch.Generator().manual_seed(0)
+    sizes = {"train": 60, "val": 30, "test": 30}
+    labels = {s: torch.randint(0, 3, (n,), generator=generator) for s, n in sizes.items()}
+    images = {s: torch.arange(n) for s, n in sizes.items()}  # each image is its own position
+    data = LabelledSplits(images, labels)
+
+    def chosen(seed: int, split_seed: int | None) -> dict[str, list[int]]:
+        cfg = config_from_dict({"seed": seed, "data": {"split_seed": split_seed}})
+        return {s: x.tolist() for s, x in take_per_class(data, 4, cfg).images.items()}
+
+    base = chosen(seed=1, split_seed=5)
+    assert all(Counter(labels[s][base[s]].tolist()) == {0: 4, 1: 4, 2: 4} for s in sizes)
+    assert chosen(seed=2, split_seed=5) == base  # another training seed, the same split seed
+    assert chosen(seed=5, split_seed=None) == base  # the split seed in effect is `seed`
+    assert chosen(seed=1, split_seed=6) != base

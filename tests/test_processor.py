@@ -59,7 +59,9 @@ def test_every_input_form_gives_the_same_pixels(tmp_path):
     path = tmp_path / "g.png"
     Image.fromarray(GRAY).save(path)
     rgb = Image.fromarray(np.repeat(GRAY[:, :, None], 3, axis=2))  # gray in RGB: the same luma
-    for form in (GRAY[None], torch.from_numpy(GRAY), torch.from_numpy(GRAY[None]), Image.fromarray(GRAY), rgb, path):
+    # GRAY is 4 pixels wide: as a batch it needs its channel axis, (1, 4, 4, 1) (a (1, 4, 4) array is one RGBA image)
+    one = GRAY[None, :, :, None]
+    for form in (one, torch.from_numpy(GRAY), torch.from_numpy(one), Image.fromarray(GRAY), rgb, path):
         assert torch.equal(proc(form).pixels, want), type(form)
     assert torch.equal(proc(str(path)).pixels, want)
     binary = (GRAY >= 128).astype(np.uint8)  # 0/1 values are read as binary pixels, as an npz source reads them
@@ -68,7 +70,7 @@ def test_every_input_form_gives_the_same_pixels(tmp_path):
 
     # a batch keeps its order; a list may mix sizes, each fitted on its own
     flipped = GRAY[:, ::-1].copy()
-    batch = proc(np.stack([GRAY, flipped]))
+    batch = proc(np.stack([GRAY, flipped])[..., None])
     assert torch.equal(batch.pixels[0], want[0]) and torch.equal(batch.pixels[1], proc(flipped).pixels[0])
     padded = ImageProcessor(image_size=4, fit="pad")
     mixed = padded([GRAY, np.full((2, 2), 255, dtype=np.uint8), path])
@@ -87,11 +89,11 @@ def test_bad_input_is_one_clear_error(tmp_path):
     proc = ImageProcessor(image_size=4, fit="none")
     cases = [
         ([], "empty list"),
-        (np.zeros((1, 1, 4, 4, 1)), "has shape"),
+        (np.zeros((1, 1, 4, 4, 1)), r"shape \(1, 1, 4, 4, 1\)"),
         ("no/such.png", "image not found"),
-        ({"not": "an image"}, "is a dict"),
+        ({"not": "an image"}, "is of type dict"),
         (np.full((4, 4), 300, dtype=np.int32), "0..255"),
-        (np.zeros((3, 3), dtype=np.uint8), "data.fit is none"),
+        (np.zeros((3, 3), dtype=np.uint8), "3x3 pixels, but the model takes 4x4 images and the fit is none"),
     ]
     for images, needle in cases:
         with pytest.raises(UserError, match=needle):

@@ -449,14 +449,21 @@ def predict(
     npz_key: str = typer.Option("images", "--npz-key", help="An .npz archive: the key of its image array."),
     weights: str = WeightsOpt,
     device: str = DeviceOpt,
+    fit: str = typer.Option(
+        None,
+        "--fit",
+        help="pad | center_crop | resize | none: how images of another size than the model's are fitted to it, "
+        "instead of the model's data.fit; each record then names it (not for a pack dir).",
+    ),
 ) -> None:
     """Classify images with a fine-tuned classifier: each image's top-k classes (by name where the
     labels have names) and their probabilities, through the preprocessing it was trained with."""
     from vitmask.cli.predict import predict as predict_verb
 
-    r = predict_verb(checkpoint, input_path, out, top_k, batch_size, weights, device, split, npz_key)
+    r = predict_verb(checkpoint, input_path, out, top_k, batch_size, weights, device, split, npz_key, fit=fit)
     images = f"{r['images']:,} image{'' if r['images'] == 1 else 's'}"
-    print(f"wrote {r['out']}: {images}, the top {r['top_k']} of {r['classes']} classes each")
+    fitted = f", images of another size fitted by {r['fit']}" if r["fit"] else ""
+    print(f"wrote {r['out']}: {images}, the top {r['top_k']} of {r['classes']} classes each{fitted}")
 
 
 @app.command()

@@ -4,13 +4,15 @@ Every check comes before the model is loaded or an image read (the output path, 
 flags); the classifier is `inference.classifier.ImageClassifier`, the one `vitmask.load_classifier`
 gives, so the file holds what Python computes for the same images. The records are written at the
 end, atomically: a run stopped by bad input (an image that cannot be read) or a signal leaves no file.
+`fit` (--fit) fits images of another size by that choice instead of the model's data.fit; each
+record then names it (`fit`: the CSV's last column, a JSON record's entry).
 """
 
 from pathlib import Path
 
 from tqdm import tqdm
 
-from vitmask.data.processor import ProcessedImages
+from vitmask.data.processor import ProcessedImages, check_fit
 from vitmask.errors import UserError
 from vitmask.inference.classifier import ImageClassifier, check_top_k
 from vitmask.inference.inputs import open_input
@@ -30,6 +32,7 @@ def predict(
     split: str | None = None,
     npz_key: str = "images",
     progress: bool = True,
+    fit: str | None = None,
 ) -> dict:
     """Classify the images of `input_path` with the classifier at `checkpoint`; write `out`."""
     out = Path(out)
@@ -38,18 +41,28 @@ def predict(
         raise UserError(f"--top-k must be at least 1, got {top_k}")
     if batch_size < 1:
         raise UserError(f"--batch-size must be at least 1, got {batch_size}")
+    if fit is not None:
+        check_fit(fit, "--fit")
     images = open_input(Path(input_path), split, npz_key)
+    if fit is not None and images.kind == "pack":
+        raise UserError(
+            f"--fit fits images, folders and .npz archives; the pack {input_path} was fitted and binarized when it "
+            "was packed: leave --fit out"
+        )
     device = resolve_device(device_name)
     classifier = ImageClassifier(load_classifier_model(checkpoint, device, weights))
     check_top_k(top_k, len(classifier.classes), "--top-k")
     images.check(classifier.processor)
+    processor = classifier.processor.with_fit(fit)
     rows = []
     with tqdm(total=images.count, desc="predict", unit="img", leave=False, disable=None if progress else True) as bar:
-        for names, pixels in images.batches(classifier.processor, batch_size):
+        for names, pixels in images.batches(processor, batch_size):
             # binary already: not thresholded again
             processed = ProcessedImages(pixels, classifier.processor.patch_size)
             rows += records(names, classifier.top_k(classifier.probabilities(processed), top_k))
             bar.update(len(names))
+    if fit is not None:
+        rows = [{**row, "fit": fit} for row in rows]
     write_predictions(out, rows, top_k)
     return {
         "out": str(out),
@@ -57,4 +70,5 @@ def predict(
         "top_k": top_k,
         "classes": len(classifier.classes),
         "weights": classifier.weights,
+        "fit": fit,
     }

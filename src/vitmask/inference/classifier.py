@@ -7,21 +7,27 @@
 
 PATH is a `vitmask finetune` checkpoint (its EMA weights when it has them, unless `weights="raw"`)
 or its export dir (store/classifier.py). Images go through `classifier.processor` (the preprocessing
-the model was trained with) unless they are already `ProcessedImages`. Everything runs in fp32 in
-eval mode, `BATCH` images at a time, under no_grad; `vitmask predict` and `vitmask eval` call the same
-methods, so the CLI and Python give the same numbers for the same images.
+the model was trained with; the layouts it reads: data/processor.py, docs/python.md) unless they are
+already `ProcessedImages` of the model's image size. `fit=` (pad, center_crop, resize, none) fits
+images of another size by that choice instead of the model's data.fit; `Predictions.fit` says which
+fit was applied. Everything runs in fp32 in eval mode, `BATCH` images at a time, under no_grad;
+`vitmask predict` and `vitmask eval` call the same methods, so the CLI and Python give the same
+numbers for the same images. Every argument is checked before any work (a UserError in one line).
 
 Shapes: B images, S image side, N patches, P pixels per patch, F pooled features, L classes, k top-k.
 """
 
+import numbers
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from vitmask.data.patches import patchify
-from vitmask.data.processor import ImageProcessor, ProcessedImages
+from vitmask.data.processor import ImageProcessor, ProcessedImages, check_path, short
 from vitmask.errors import UserError
+from vitmask.runtime.process import api_device
 from vitmask.store.classifier import ClassLabels, LoadedClassifier, load_classifier_model
 
 BATCH = 256  # images per forward pass
@@ -35,16 +41,21 @@ class Predictions:
     labels: torch.Tensor  # (B, k) int64 the classes' label values in the training data
     names: list[list[str]]  # B lists of k class names
     probabilities: torch.Tensor  # (B, k) float32 softmax probabilities
+    fit: str | None = None  # the fit applied to the images (pad, center_crop, resize, none); None: given processed
 
     def __len__(self) -> int:
         return len(self.classes)
 
 
-def check_top_k(top_k: int, num_classes: int, flag: str = "top_k") -> None:
+def check_top_k(top_k: int, num_classes: int, flag: str = "top_k") -> int:
+    """`top_k` as an int from 1 to `num_classes`, or a UserError naming `flag`."""
+    if isinstance(top_k, (bool, np.bool_)) or not isinstance(top_k, numbers.Integral):
+        raise UserError(f"{flag} must be an integer from 1 to {num_classes}, got {short(top_k)}")
     if not 1 <= top_k <= num_classes:
         raise UserError(
-            f"{flag} {top_k} is out of range: the classifier has {num_classes} classes; pass 1 to {num_classes}"
+            f"{flag} {short(top_k)} is out of range: the classifier has {num_classes} classes; pass 1 to {num_classes}"
         )
+    return int(top_k)
 
 
 class ImageClassifier:
@@ -68,37 +79,44 @@ class ImageClassifier:
         return list(self.classes.names)
 
     def to(self, device: torch.device | str) -> "ImageClassifier":
-        self.model.to(device)
+        self.model.to(api_device(device))
         return self
 
-    def pixels(self, images) -> torch.Tensor:
+    def pixels(self, images, fit: str | None = None) -> torch.Tensor:
         """Images (anything the processor takes, or ProcessedImages) -> (B, S, S) uint8 0/1 pixels."""
-        return images.pixels if isinstance(images, ProcessedImages) else self.processor(images).pixels
+        return model_pixels(images, self.processor, fit)
+
+    def applied_fit(self, images, fit: str | None) -> str | None:
+        """The fit `pixels(images, fit)` applies: `fit`, else the processor's; None for ProcessedImages."""
+        return None if isinstance(images, ProcessedImages) else fit or self.processor.fit
 
     @torch.no_grad()
-    def _batched(self, images, forward) -> torch.Tensor:
-        pixels = self.pixels(images)  # (B, S, S)
+    def _batched(self, images, forward, fit: str | None) -> torch.Tensor:
+        pixels = self.pixels(images, fit)  # (B, S, S)
         p = self.processor.patch_size
         out = [forward(patchify(chunk.to(self.device), p).float()).float() for chunk in pixels.split(BATCH)]
         return torch.cat(out).cpu()
 
-    def logits(self, images) -> torch.Tensor:
+    def logits(self, images, fit: str | None = None) -> torch.Tensor:
         """(B, L) float32 logits, on the CPU."""
-        return self._batched(images, self.model)
+        return self._batched(images, self.model, fit)
 
-    def probabilities(self, images) -> torch.Tensor:
+    def probabilities(self, images, fit: str | None = None) -> torch.Tensor:
         """(B, L) float32 softmax probabilities, on the CPU."""
-        return self.logits(images).softmax(-1)
+        return self.logits(images, fit).softmax(-1)
 
-    def features(self, images) -> torch.Tensor:
+    def features(self, images, fit: str | None = None) -> torch.Tensor:
         """(B, F) float32: the encoder's final tokens pooled as the classifier pools them (`vitmask probe
         --pool` with the fine-tuning's finetune.pool and .grid), before its norm and head; on the CPU."""
-        return self._batched(images, self.model.features)
+        return self._batched(images, self.model.features, fit)
 
-    def predict(self, images, top_k: int = 1) -> Predictions:
-        """The `top_k` likeliest classes of each image, with their names and probabilities."""
-        check_top_k(top_k, len(self.classes))
-        return self.top_k(self.probabilities(images), top_k)
+    def predict(self, images, top_k: int = 1, fit: str | None = None) -> Predictions:
+        """The `top_k` likeliest classes of each image, with their names and probabilities, and the fit
+        applied (`fit`: pad, center_crop, resize or none for images of another size; default the model's)."""
+        top_k = check_top_k(top_k, len(self.classes))
+        top = self.top_k(self.probabilities(images, fit), top_k)
+        top.fit = self.applied_fit(images, fit)
+        return top
 
     def top_k(self, probabilities: torch.Tensor, top_k: int) -> Predictions:
         """(B, L) probabilities -> the top_k classes of each row (ties: the lower index first)."""
@@ -108,9 +126,39 @@ class ImageClassifier:
         return Predictions(classes, values[classes], names, probs)
 
 
+def model_pixels(images, processor: ImageProcessor, fit: str | None) -> torch.Tensor:
+    """Images -> (B, S, S) uint8 0/1 pixels by `processor` (by `fit` for other sizes, when given); or
+    ProcessedImages, checked: the processor's image size S, 0/1 values, at least one image."""
+    if not isinstance(images, ProcessedImages):
+        return processor(images, fit).pixels
+    if fit is not None:
+        raise UserError(f"fit={short(fit)} fits raw images; these are ProcessedImages, fitted already: leave fit out")
+    pixels, s = images.pixels, processor.image_size
+    if len(pixels) == 0:
+        raise UserError("the ProcessedImages hold no images; pass at least one")
+    if tuple(pixels.shape[1:]) != (s, s):
+        h, w = pixels.shape[1:]
+        raise UserError(
+            f"the ProcessedImages are {h}x{w} pixels, but the model takes {s}x{s}; process the images with the "
+            f"model's processor (model.processor(images), with fit= to fit another size)"
+        )
+    if bool((pixels > 1).any()):
+        raise UserError("the ProcessedImages hold pixels other than 0 and 1; make them with model.processor(images)")
+    return pixels
+
+
+def check_load_arguments(path, weights) -> None:
+    """The path and weights of a loader: a path (processor.check_path), and None, ema or raw."""
+    check_path(path)
+    if weights is not None and not isinstance(weights, str):
+        raise UserError(f"weights must be 'ema', 'raw' or None, got {short(weights)} (type {type(weights).__name__})")
+
+
 def load_classifier(
     path: str | Path, device: torch.device | str = "cpu", weights: str | None = None
 ) -> ImageClassifier:
-    """A fine-tuning checkpoint or a classifier's export dir as an `ImageClassifier`, in eval mode on `device`.
-    `weights` ema | raw picks a checkpoint's (default: the EMA's when it has them)."""
+    """A fine-tuning checkpoint or a classifier's export dir as an `ImageClassifier`, in eval mode on `device`
+    (cpu, cuda, cuda:K or auto). `weights` ema | raw picks a checkpoint's (default: the EMA's when it has them)."""
+    check_load_arguments(path, weights)
+    device = api_device(device)
     return ImageClassifier(load_classifier_model(path, device, weights, flag="weights"))

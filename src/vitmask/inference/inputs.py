@@ -26,7 +26,6 @@ import numpy as np
 import torch
 
 from vitmask.data import packed
-from vitmask.data.preprocess import binarize_images
 from vitmask.data.processor import ImageProcessor
 from vitmask.data.sources import IMAGE_SUFFIXES, read_npz
 from vitmask.errors import UserError
@@ -68,7 +67,10 @@ class ImageInput:
         gray = read_npz(replace(cfg, source="npz", path=str(self.path), npz_key=self.npz_key))[0]["all"]  # (n, H, W)
         for start in range(0, len(gray), size):
             chunk = gray[start : start + size]
-            yield [str(i) for i in range(start, start + len(chunk))], binarize_images(chunk, cfg)
+            yield (
+                [str(i) for i in range(start, start + len(chunk))],
+                processor.binarize_gray(chunk, f"the images of {self.path}"),
+            )
 
     def _pack_batches(self, processor: ImageProcessor, size: int):
         ds = packed.open_packed(self.path)

@@ -9,21 +9,29 @@
 
 PATH is what every verb's `--checkpoint` takes (a `vitmask train` checkpoint, its EMA weights when
 it has them, or an export dir; an encoder-only export gives features only). Images go through
-`model.processor` (the preprocessing it was trained with, data/processor.py) unless they are already
-`ProcessedImages`; `model.model` is the MaskedPatchViT itself (`model(patches, mask)`).
+`model.processor` (the preprocessing it was trained with; the layouts it reads: data/processor.py,
+docs/python.md) unless they are already `ProcessedImages` of the model's image size; `fit=` (pad,
+center_crop, resize, none) fits images of another size by that choice instead of the model's
+data.fit. A mask is (N,) or (B, N), bool or integers 0/1, True = hidden. `model.model` is the
+MaskedPatchViT itself (`model(patches, mask)`). Every argument is checked before any work (a
+UserError in one line).
 
 Shapes: B images, S image side, N patches, P pixels per patch, C token classes, F features.
 """
 
+import numbers
 from pathlib import Path
 
+import numpy as np
 import torch
 
-from vitmask.data.processor import ImageProcessor, ProcessedImages
+from vitmask.data.processor import ImageProcessor, ProcessedImages, short
 from vitmask.errors import UserError
 from vitmask.evaluate.pictures import paste_predictions
-from vitmask.evaluate.probe import DEFAULT_POOL, check_layer, check_pool, extract_features
+from vitmask.evaluate.probe import DEFAULT_POOL, POOLS, check_layer, check_pool, extract_features
+from vitmask.inference.classifier import check_load_arguments, model_pixels
 from vitmask.model.vit import predict_every_patch
+from vitmask.runtime.process import api_device
 from vitmask.store.export import load_model
 
 BATCH = 256  # images per forward pass
@@ -45,39 +53,68 @@ class MaskedModel:
     def num_patches(self) -> int:
         return self.config.data.num_patches
 
-    def pixels(self, images) -> torch.Tensor:
-        """Images (anything the processor takes, or ProcessedImages) -> (B, S, S) uint8 0/1 pixels."""
-        return images.pixels if isinstance(images, ProcessedImages) else self.processor(images).pixels
+    def to(self, device: torch.device | str) -> "MaskedModel":
+        self.model.to(api_device(device))
+        return self
 
-    def features(self, images, pool: str = DEFAULT_POOL, grid: int | None = None, layer=None) -> torch.Tensor:
+    def pixels(self, images, fit: str | None = None) -> torch.Tensor:
+        """Images (anything the processor takes, or ProcessedImages) -> (B, S, S) uint8 0/1 pixels."""
+        return model_pixels(images, self.processor, fit)
+
+    def features(
+        self, images, pool: str = DEFAULT_POOL, grid: int | None = None, layer=None, fit: str | None = None
+    ) -> torch.Tensor:
         """(B, F) float32 on the CPU: the encoder's tokens of the whole images (nothing hidden), pooled as
         `vitmask probe --pool POOL --grid G --layer K` pools them (default: the 4 x 4 grid of token
         means of the final normalised tokens)."""
+        if not isinstance(pool, str) or pool not in POOLS:
+            raise UserError(f"pool must be one of {', '.join(POOLS)}, got {short(pool)}")
+        if grid is not None and not is_integer(grid):
+            raise UserError(f"grid must be an integer or None, got {short(grid)} (type {type(grid).__name__})")
+        layer = layer_argument(layer)
         check_layer(layer, self.config.model.depth)
-        grid = check_pool(pool, grid, self.config)
-        pixels = self.pixels(images)
+        grid = check_pool(pool, None if grid is None else int(grid), self.config)
+        pixels = self.pixels(images, fit)
         return extract_features(self.model, pixels, self.processor.patch_size, layer, grid).cpu()
 
     def hidden_mask(self, mask, count: int) -> torch.Tensor:
-        """A patch mask (N,) or (B, N), True = hidden -> (B, N) bool on the model's device."""
-        mask = torch.as_tensor(mask, dtype=torch.bool, device=self.device)
+        """A patch mask (N,) or (B, N), bool or integers 0/1, True = hidden -> (B, N) bool on the model's device."""
         n = self.num_patches
-        if mask.dim() == 1:
-            mask = mask.expand(count, -1)
-        if mask.shape != (count, n):
+        want = (
+            f"pass one patch mask ({n},) or one per image ({count}, {n}), bool, True = hidden, patches numbered "
+            "row by row"
+        )
+        if isinstance(mask, ProcessedImages) or not isinstance(mask, (torch.Tensor, np.ndarray, list, tuple)):
+            raise UserError(f"the mask is of type {type(mask).__name__}; {want}")
+        try:
+            if isinstance(mask, torch.Tensor):
+                values = mask.detach()
+            else:
+                a = np.asarray(mask)
+                values = torch.as_tensor(a.astype(a.dtype.newbyteorder("=")) if a.dtype.kind in "biu" else a)
+        except (TypeError, ValueError, RuntimeError):
+            raise UserError(f"the mask cannot be read as an array of bools; {want}") from None
+        if values.is_meta or values.layout != torch.strided:
             raise UserError(
-                f"the mask has shape {tuple(mask.shape)}; pass one patch mask ({n},) or one per image ({count}, {n}), "
-                "True = hidden, patches numbered row by row"
+                f"the mask is a {values.layout} tensor{' on the meta device' if values.is_meta else ''}; {want}"
             )
+        if values.dtype != torch.bool:
+            if values.is_floating_point() or values.is_complex() or not bool(((values == 0) | (values == 1)).all()):
+                raise UserError(f"the mask holds {values.dtype} values other than 0 and 1; {want}")
+        mask = values.to(device=self.device, dtype=torch.bool)
+        if mask.dim() == 1 and len(mask) == n:
+            mask = mask.expand(count, -1)
+        if tuple(mask.shape) != (count, n):
+            raise UserError(f"the mask has shape {tuple(mask.shape)}; {want}")
         return mask
 
     @torch.no_grad()
-    def logits(self, images, mask) -> torch.Tensor:
+    def logits(self, images, mask, fit: str | None = None) -> torch.Tensor:
         """(B, N, C) float32 on the CPU: the model's prediction for every patch, with the patches of
         `mask` ((N,) or (B, N) bool, True = hidden) hidden from it."""
         if self.model.head is None:
             raise UserError("this export holds the encoder only (--encoder-only): it gives features, not patches")
-        pixels = self.pixels(images)  # (B, S, S)
+        pixels = self.pixels(images, fit)  # (B, S, S)
         mask = self.hidden_mask(mask, len(pixels))  # (B, N)
         p = self.processor.patch_size
         out = []
@@ -86,17 +123,34 @@ class MaskedModel:
             out.append(predict_every_patch(self.model, patches, hidden).float().cpu())  # (b, N, C)
         return torch.cat(out)
 
-    def fill(self, images, mask) -> torch.Tensor:
+    def fill(self, images, mask, fit: str | None = None) -> torch.Tensor:
         """(B, S, S) uint8 0/1 on the CPU: the binary images with every hidden patch replaced by the
         model's likeliest patch (one shot), the visible ones kept."""
-        pixels = self.pixels(images).cpu()
+        if self.model.head is None:
+            raise UserError("this export holds the encoder only (--encoder-only): it gives features, not patches")
+        pixels = self.pixels(images, fit).cpu()
         mask = self.hidden_mask(mask, len(pixels)).cpu()
         classes = self.logits(ProcessedImages(pixels, self.processor.patch_size), mask).argmax(-1)  # (B, N)
         return paste_predictions(pixels, mask, classes, self.processor.patch_size)
 
 
+def is_integer(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
+
+
+def layer_argument(layer):
+    """`layer` of `features`: None, an integer or a list of integers (as ints), or a UserError."""
+    if layer is None or is_integer(layer):
+        return None if layer is None else int(layer)
+    if isinstance(layer, (list, tuple)) and all(is_integer(k) for k in layer):
+        return [int(k) for k in layer]
+    raise UserError(f"layer must be None, an integer or a list of integers, got {short(layer)}")
+
+
 def load_masked_model(path: str | Path, device: torch.device | str = "cpu", weights: str | None = None) -> MaskedModel:
-    """A masked-patch checkpoint or export dir as a `MaskedModel`, in eval mode on `device`.
-    `weights` ema | raw picks a checkpoint's (default: the EMA's when it has them)."""
+    """A masked-patch checkpoint or export dir as a `MaskedModel`, in eval mode on `device` (cpu, cuda,
+    cuda:K or auto). `weights` ema | raw picks a checkpoint's (default: the EMA's when it has them)."""
+    check_load_arguments(path, weights)
+    device = api_device(device)
     loaded = load_model(path, device, weights, need_head=False, flag="weights")
     return MaskedModel(loaded.model, loaded.config)

@@ -4,6 +4,8 @@ probabilities, as CSV or JSON (by the suffix).
 - `.csv`: a header `name,class_1,probability_1,...,class_k,probability_k`, then one row per image;
 - `.json`: a list of `{"name": ..., "classes": [k names], "probabilities": [k numbers]}`.
 
+With `--fit`, each record also names the fit applied: a last CSV column `fit`, a JSON entry `"fit"`.
+
 Names are the classifier's class names (a folder's class subfolders, a pack's classes, ...; the
 label values as text where the training data named none), likeliest first. Probabilities are
 written in full (Python's shortest round-trip form of each float32 value), so the file holds the
@@ -45,10 +47,12 @@ def predictions_text(rows: list[dict], suffix: str, top_k: int) -> str:
         return json.dumps(rows, indent=1) + "\n"
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(["name", *(f"{kind}_{i}" for i in range(1, top_k + 1) for kind in ("class", "probability"))])
+    extra = [k for k in ("fit",) if rows and k in rows[0]]  # --fit: the fit applied
+    pairs_header = (f"{kind}_{i}" for i in range(1, top_k + 1) for kind in ("class", "probability"))
+    writer.writerow(["name", *pairs_header, *extra])
     for row in rows:
         pairs = [v for c, p in zip(row["classes"], row["probabilities"], strict=True) for v in (c, repr(p))]
-        writer.writerow([row["name"], *pairs])
+        writer.writerow([row["name"], *pairs, *(row[k] for k in extra)])
     return buffer.getvalue()
 
 

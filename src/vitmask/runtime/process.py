@@ -40,6 +40,36 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def api_device(device, what: str = "device") -> torch.device:
+    """The `device` argument of the Python API's loaders, checked before any tensor moves: a str or a
+    torch.device naming the CPU, a CUDA GPU torch sees (cuda, cuda:K) or `auto` (CUDA when there is one).
+    Anything else (another type, a device type torch does not know, `meta`, which holds no weights, a
+    GPU that is not there) is a UserError naming `what`."""
+    if isinstance(device, torch.device):
+        dev = device
+    elif isinstance(device, str):
+        if device == "auto":
+            return resolve_device("auto")
+        try:
+            dev = torch.device(device)
+        except (RuntimeError, ValueError):
+            raise UserError(f"{what} {device[:40]!r} is not a device; use 'cpu', 'cuda', 'cuda:K' or 'auto'") from None
+    else:
+        raise UserError(
+            f"{what} must be a str or a torch.device ('cpu', 'cuda', 'auto'), got type {type(device).__name__}"
+        )
+    if dev.type == "cpu":
+        return torch.device("cpu")
+    if dev.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise UserError(f"{what} {str(dev)!r} was asked for, but torch sees no CUDA GPU here; use 'cpu' or 'auto'")
+        if dev.index is not None and dev.index >= count:
+            raise UserError(f"{what} {str(dev)!r}: torch sees {count} CUDA GPU(s), cuda:0 to cuda:{count - 1}")
+        return dev
+    raise UserError(f"{what} {str(dev)!r} is not one vitmask runs models on; use 'cpu', 'cuda', 'cuda:K' or 'auto'")
+
+
 def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
     """The context the forward pass runs in: autocast for bf16/fp16, nothing for fp32 (auto: either)."""
     precision = precision_on(precision, device)

@@ -294,7 +294,14 @@ def load_pretrained(path: str | Path, device: torch.device | str = "cpu") -> Mas
     model = vitmask.load_pretrained("export/mnist")
     patches = model.processor(images).patches  # uint8 (B, H, W) gray images -> (B, N, P) 0/1 pixels
     logits = model(patches, mask)  # (B, N, P) pixels, (B, N) bool -> (B, N, C)
+
+    `path` a str or os.PathLike; `device` cpu, cuda, cuda:K or auto, checked before anything is read.
     """
+    from vitmask.data.processor import check_path
+    from vitmask.runtime.process import api_device
+
+    check_path(path)
+    device = api_device(device)
     loaded = load_export(path, device)
     loaded.model.processor = ImageProcessor.from_config(loaded.config)
     return loaded.model
