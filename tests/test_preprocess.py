@@ -79,3 +79,14 @@ def test_load_image_file_reads_grayscale_and_rejects_non_images(tmp_path):
         load_image_file(tmp_path / "fake.png")
     with pytest.raises(UserError, match="image not found"):
         load_image_file(tmp_path / "missing.png")
+
+
+@pytest.mark.parametrize("fit", ["pad", "center_crop"])
+def test_the_canvas_around_a_padded_image_is_background_with_and_without_invert(fit):
+    # a 2x2 image of dark ink (0) on white paper (255) at the top left, centred on a 4x4 canvas
+    x = torch.tensor([[[0, 255], [255, 255]]], dtype=torch.uint8)
+    ink_on_black = DataConfig(image_size=4, patch_size=2, fit=fit, threshold=0.5)
+    assert binarize_images(255 - x, ink_on_black)[0].tolist() == [[0, 0, 0, 0], [0, 1, 0, 0], [0, 0, 0, 0], [0] * 4]
+    inverted = DataConfig(image_size=4, patch_size=2, fit=fit, threshold=0.5, invert=True)
+    # the same picture written as dark ink on white: inverted, the ink is the only foreground pixel
+    assert binarize_images(x, inverted)[0].tolist() == [[0, 0, 0, 0], [0, 1, 0, 0], [0, 0, 0, 0], [0] * 4]

@@ -26,10 +26,12 @@ def load_image_file(path: str | Path) -> torch.Tensor:
     return torch.from_numpy(read_gray(path))
 
 
-def fit_images(images: torch.Tensor, size: int, fit: str) -> torch.Tensor:
+def fit_images(images: torch.Tensor, size: int, fit: str, background: int = 0) -> torch.Tensor:
     """(n, H, W) uint8 -> (n, size, size) uint8.
 
-    pad: centre the image on a black canvas (cropping the centre of any side longer than size);
+    pad: centre the image on a canvas of gray level `background` (cropping the centre of any side
+    longer than size; `binarize_images` passes the level that thresholds to background: black, or
+    white for `data.invert`, so the canvas never becomes ink);
     resize: bilinear resize to size x size; center_crop: crop the centre (padding any side shorter
     than size); none: the images must already be size x size.
     """
@@ -46,7 +48,7 @@ def fit_images(images: torch.Tensor, size: int, fit: str) -> torch.Tensor:
         return x.squeeze(1).round().clamp(0, 255).to(torch.uint8)
     # pad and center_crop both centre the image on a size x size canvas; they differ in intent,
     # and in that pad is the choice for images smaller than size, center_crop for larger ones
-    out = torch.zeros(n, size, size, dtype=torch.uint8, device=images.device)
+    out = torch.full((n, size, size), background, dtype=torch.uint8, device=images.device)
     ch, cw = min(h, size), min(w, size)
     sy, sx = (h - ch) // 2, (w - cw) // 2  # source offsets (crop)
     dy, dx = (size - ch) // 2, (size - cw) // 2  # destination offsets (pad)
@@ -55,8 +57,9 @@ def fit_images(images: torch.Tensor, size: int, fit: str) -> torch.Tensor:
 
 
 def binarize_images(images: torch.Tensor, cfg: DataConfig) -> torch.Tensor:
-    """(n, H, W) uint8 grayscale -> (n, image_size, image_size) uint8 in {0, 1}."""
-    fitted = fit_images(images, cfg.image_size, cfg.fit)
+    """(n, H, W) uint8 grayscale -> (n, image_size, image_size) uint8 in {0, 1}. The canvas around a
+    padded image is background after the threshold and `invert`: black paper, or white with invert."""
+    fitted = fit_images(images, cfg.image_size, cfg.fit, background=255 if cfg.invert else 0)
     binary = fitted.float() >= cfg.threshold * 255.0
     if cfg.invert:
         binary = ~binary
