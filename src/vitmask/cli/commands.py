@@ -78,7 +78,10 @@ WeightsOpt = typer.Option(
     "--weights",
     help="ema | raw: a checkpoint's EMA weights (the default when it has them) or its trained weights.",
 )
-CHECKPOINT_HELP = "A .pt checkpoint written by vitmask train, or an export dir written by vitmask export."
+CHECKPOINT_HELP = (
+    "A .pt checkpoint written by vitmask train, an export dir written by vitmask export, or the name of a model "
+    "shipped with vitmask (a file or folder of that name wins)."
+)
 ChoiceOpt = typer.Option(
     0.0,
     "--choice-temperature",
@@ -100,7 +103,8 @@ def train(
         None,
         "--init",
         help="Start a new run (step 0, fresh optimizer and schedule) from these weights: a full export dir "
-        "written by vitmask export, or a .pt checkpoint. The config's model must be the same. Not with --resume.",
+        "written by vitmask export, a .pt checkpoint, or a shipped model's name. The config's "
+        "model must be the same. Not with --resume.",
     ),
     init_weights: str = typer.Option(
         None,
@@ -328,7 +332,7 @@ def sample(
 def count_params(
     config: Path = ConfigOpt,
     checkpoint: Path = typer.Option(
-        None, "--checkpoint", help="Count the model of a checkpoint (or an export dir) instead."
+        None, "--checkpoint", help="Count the model of a checkpoint (or an export dir, or a shipped model's name)."
     ),
     overrides: list[str] = SetOpt,
 ) -> None:
@@ -383,7 +387,10 @@ def export(
 @app.command()
 def finetune(
     checkpoint: Path = typer.Option(
-        None, "--checkpoint", help="The pretrained model: a .pt checkpoint or an export dir (EMA weights if present)."
+        None,
+        "--checkpoint",
+        help="The pretrained model: a .pt checkpoint, an export dir or a shipped model's name such as mnist "
+        "(EMA weights if present).",
     ),
     config: Path = ConfigOpt,
     overrides: list[str] = SetOpt,
@@ -417,7 +424,10 @@ def finetune(
 @app.command()
 def predict(
     checkpoint: Path = typer.Option(
-        ..., "--checkpoint", help="A fine-tuned classifier: vitmask finetune's .pt checkpoint or its export dir."
+        ...,
+        "--checkpoint",
+        help="A fine-tuned classifier: vitmask finetune's .pt checkpoint, its export dir, or a shipped "
+        "classifier's name (mnist-classifier).",
     ),
     input_path: Path = typer.Option(
         ...,

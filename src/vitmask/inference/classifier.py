@@ -1,15 +1,16 @@
 """A fine-tuned classifier from Python: `vitmask.load_classifier(PATH)` -> `ImageClassifier`.
 
     import vitmask
-    classifier = vitmask.load_classifier("export/mnist-classifier")  # or runs/finetune-mnist-finetune/last.pt
+    classifier = vitmask.load_classifier("export/mnist-classifier")  # or a checkpoint, or "mnist-classifier"
     top = classifier.predict(images, top_k=3)  # images: see data/processor.py
     top.names[0], top.probabilities[0]  # the first image's 3 likeliest classes and their probabilities
 
-PATH is a `vitmask finetune` checkpoint (its EMA weights when it has them, unless `weights="raw"`)
-or its export dir (store/classifier.py). Images go through `classifier.processor` (the preprocessing
-the model was trained with) unless they are already `ProcessedImages`. Everything runs in fp32 in
-eval mode, `BATCH` images at a time, under no_grad; `vitmask predict` and `vitmask eval` call the same
-methods, so the CLI and Python give the same numbers for the same images.
+PATH is a `vitmask finetune` checkpoint (its EMA weights when it has them, unless `weights="raw"`),
+its export dir (store/classifier.py), or a shipped classifier's name (`mnist-classifier`). Images
+go through `classifier.processor` (the preprocessing the model was trained with) unless they are
+already `ProcessedImages`. Everything runs in fp32 in eval mode, `BATCH` images at a time, under
+no_grad; `vitmask predict` and `vitmask eval` call the same methods, so the CLI and Python give the
+same numbers for the same images.
 
 Shapes: B images, S image side, N patches, P pixels per patch, F pooled features, L classes, k top-k.
 """
