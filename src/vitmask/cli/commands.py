@@ -80,7 +80,7 @@ WeightsOpt = typer.Option(
 )
 CHECKPOINT_HELP = (
     "A .pt checkpoint written by vitmask train, an export dir written by vitmask export, or the name of a model "
-    "shipped with vitmask (a file or folder of that name wins)."
+    "shipped with vitmask (vitmask models lists them; a file or folder of that name wins)."
 )
 ChoiceOpt = typer.Option(
     0.0,
@@ -103,7 +103,7 @@ def train(
         None,
         "--init",
         help="Start a new run (step 0, fresh optimizer and schedule) from these weights: a full export dir "
-        "written by vitmask export, a .pt checkpoint, or a shipped model's name. The config's "
+        "written by vitmask export, a .pt checkpoint, or a shipped model's name (vitmask models). The config's "
         "model must be the same. Not with --resume.",
     ),
     init_weights: str = typer.Option(
@@ -587,3 +587,17 @@ def main(argv: list[str] | None = None) -> None:
         print(f"vitmask: error: {what}{reason(e)}; check the path and the file system", file=sys.stderr)
         sys.exit(2)
     sys.exit(rv if isinstance(rv, int) else 0)
+
+
+# ---- vitmask models: the models shipped inside vitmask (vitmask/pretrained) -------------------------------------
+@app.command()
+def models(
+    as_json: bool = typer.Option(False, "--json", help="Print the same records as one JSON list."),
+) -> None:
+    """List the models shipped inside vitmask: each one's task, recipe, data, size on disk and its figures on
+    its own test split. Pass a name wherever a checkpoint goes (--checkpoint mnist, train --init mnist,
+    vitmask.load_pretrained("mnist")); a file or folder of the same name wins."""
+    from vitmask.pretrained import format_listing, listing
+
+    rows = listing()
+    print(json.dumps(rows) if as_json else format_listing(rows))
