@@ -61,3 +61,11 @@ tensorboard: install
 
 clean:
 	rm -rf build dist src/*.egg-info .pytest_cache .ruff_cache
+
+# The models shipped inside vitmask (src/vitmask/pretrained/, docs/models.md): configs/mnist.yaml, its fine-tuned
+# classifier and configs/default.yaml, trained, exported, scored and carded by one script (tens of minutes on
+# 2 CPU cores). PRETRAINED_DATA: a folder with MNIST's test-set idx files (t10k-*, plain or gzipped).
+PRETRAINED_DATA ?= data/mnist/MNIST/raw
+.PHONY: pretrained
+pretrained: install
+	$(PY) scripts/build_pretrained.py --data $(PRETRAINED_DATA) $(ARGS)

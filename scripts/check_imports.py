@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent / "src"
 # (a module __getattr__), so it sits above everything, and modules that read its __version__ import
 # no module by that (the package itself is left out of the graph).
 LAYERS = [
-    {"config", "errors", "outputs", "signals"},  # leaves: stdlib and errors only
+    {"config", "errors", "outputs", "signals", "pretrained"},  # leaves: stdlib and errors only
     {"runtime"},
     {"data"},
     {"model"},

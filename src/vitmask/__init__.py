@@ -4,6 +4,9 @@ The Python API, each name imported on first use so that `import vitmask` stays c
 
 - `vitmask.load_pretrained(DIR)`: an exported masked-patch model (store/export.py), with its
   preprocessing as `model.processor`;
+- each loader also takes the name of a model shipped inside vitmask (`vitmask.load_pretrained("mnist")`,
+  `vitmask.load_classifier("mnist-classifier")`; vitmask/pretrained, `vitmask models`); an existing
+  path of that name wins;
 - `vitmask.load_classifier(PATH)`: a fine-tuned classifier with its preprocessing: `logits`,
   `predict` (top-k classes, names, probabilities) and `features` of images (inference/classifier.py);
 - `vitmask.load_masked_model(PATH)`: a masked-patch model with its preprocessing: encoder `features`,

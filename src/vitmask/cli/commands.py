@@ -78,7 +78,10 @@ WeightsOpt = typer.Option(
     "--weights",
     help="ema | raw: a checkpoint's EMA weights (the default when it has them) or its trained weights.",
 )
-CHECKPOINT_HELP = "A .pt checkpoint written by vitmask train, or an export dir written by vitmask export."
+CHECKPOINT_HELP = (
+    "A .pt checkpoint written by vitmask train, an export dir written by vitmask export, or the name of a model "
+    "shipped with vitmask (vitmask models lists them; a file or folder of that name wins)."
+)
 ChoiceOpt = typer.Option(
     0.0,
     "--choice-temperature",
@@ -100,7 +103,8 @@ def train(
         None,
         "--init",
         help="Start a new run (step 0, fresh optimizer and schedule) from these weights: a full export dir "
-        "written by vitmask export, or a .pt checkpoint. The config's model must be the same. Not with --resume.",
+        "written by vitmask export, a .pt checkpoint, or a shipped model's name (vitmask models). The config's "
+        "model must be the same. Not with --resume.",
     ),
     init_weights: str = typer.Option(
         None,
@@ -345,7 +349,7 @@ def sample(
 def count_params(
     config: Path = ConfigOpt,
     checkpoint: Path = typer.Option(
-        None, "--checkpoint", help="Count the model of a checkpoint (or an export dir) instead."
+        None, "--checkpoint", help="Count the model of a checkpoint (or an export dir, or a shipped model's name)."
     ),
     overrides: list[str] = SetOpt,
 ) -> None:
@@ -400,7 +404,10 @@ def export(
 @app.command()
 def finetune(
     checkpoint: Path = typer.Option(
-        None, "--checkpoint", help="The pretrained model: a .pt checkpoint or an export dir (EMA weights if present)."
+        None,
+        "--checkpoint",
+        help="The pretrained model: a .pt checkpoint, an export dir or a shipped model's name such as mnist "
+        "(EMA weights if present).",
     ),
     config: Path = ConfigOpt,
     overrides: list[str] = SetOpt,
@@ -434,7 +441,10 @@ def finetune(
 @app.command()
 def predict(
     checkpoint: Path = typer.Option(
-        ..., "--checkpoint", help="A fine-tuned classifier: vitmask finetune's .pt checkpoint or its export dir."
+        ...,
+        "--checkpoint",
+        help="A fine-tuned classifier: vitmask finetune's .pt checkpoint, its export dir, or a shipped "
+        "classifier's name (mnist-classifier).",
     ),
     input_path: Path = typer.Option(
         ...,
@@ -601,3 +611,17 @@ def main(argv: list[str] | None = None) -> None:
         print(f"vitmask: error: {what}{reason(e)}; check the path and the file system", file=sys.stderr)
         sys.exit(2)
     sys.exit(rv if isinstance(rv, int) else 0)
+
+
+# ---- vitmask models: the models shipped inside vitmask (vitmask/pretrained) -------------------------------------
+@app.command()
+def models(
+    as_json: bool = typer.Option(False, "--json", help="Print the same records as one JSON list."),
+) -> None:
+    """List the models shipped inside vitmask: each one's task, recipe, data, size on disk and its figures on
+    its own test split. Pass a name wherever a checkpoint goes (--checkpoint mnist, train --init mnist,
+    vitmask.load_pretrained("mnist")); a file or folder of the same name wins."""
+    from vitmask.pretrained import format_listing, listing
+
+    rows = listing()
+    print(json.dumps(rows) if as_json else format_listing(rows))

@@ -15,6 +15,7 @@ from vitmask.data.per_class import unpacked_splits
 from vitmask.errors import UserError
 from vitmask.evaluate.probe import run_probes
 from vitmask.model.memory_estimate import check_fits
+from vitmask.pretrained import locate
 from vitmask.runtime import distributed
 from vitmask.runtime.process import resolve_device
 from vitmask.signals import Interrupted
@@ -83,7 +84,7 @@ def _finetune_baselines(cfg: Config, data, device: torch.device, source: str | N
     scratch = FinetuneTrainer(cfg, data, device)
     scratch.fit(None, progress=False)
     out = {"from_scratch": scratch.test_accuracy(data.images["test"])}
-    if source is not None and Path(source).exists():
+    if source is not None and locate(source) is not None:  # a path, or a shipped model's name
         data = unpacked_splits(data, "set finetune.per_class (images per class), or pass --no-baselines")
         model, pre_cfg, _ = load_model(source, device, weights, need_head=False)
         pool = cfg.finetune.pool

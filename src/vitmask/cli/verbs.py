@@ -34,6 +34,7 @@ from vitmask.model.memory_estimate import check_fits, check_model_fits
 from vitmask.model.params import ParamRow, param_rows
 from vitmask.model.vit import build_model
 from vitmask.outputs import check_not_a_link_loop, check_out_file, reason, write_atomically, write_text
+from vitmask.pretrained import check_data, resolve_model_path
 from vitmask.runtime import distributed
 from vitmask.runtime.memory import is_out_of_memory, out_of_memory
 from vitmask.runtime.process import resolve_device
@@ -198,14 +199,16 @@ def open_model(
     path: Path, device_name: str, seed: int, weights: str | None = None, loads_data: bool = True, need_head: bool = True
 ):
     """What every verb that reads a model does first: check its `--seed`, resolve the device and load
-    the model from a .pt checkpoint or an export dir (export.load_model: every check of the files;
-    `weights` ema | raw, default the EMA's where there are any; `need_head`: refuse an encoder-only
-    export). A verb that `loads_data` (eval, probe, reconstruct) also refuses a config whose data and
-    evaluation cannot fit in memory. Returns (model in eval mode, config, device)."""
+    the model from a .pt checkpoint, an export dir or a shipped model's name (export.load_model: every
+    check of the files; `weights` ema | raw, default the EMA's where there are any; `need_head`: refuse
+    an encoder-only export). A verb that `loads_data` (eval, probe, reconstruct) also refuses a config
+    whose data and evaluation cannot fit in memory, and a shipped model whose data is missing (one line
+    saying where to get it). Returns (model in eval mode, config, device)."""
     check_seed(seed, "--seed")
     device = resolve_device(device_name)
     model, cfg, _ = load_model(path, device, weights, need_head=need_head)
     if loads_data:
+        check_data(path, cfg.data.source, cfg.data.path)
         check_fits(cfg, device, training=False)
     return model, cfg, device
 
@@ -331,6 +334,7 @@ def evaluate_classifier(
     device = resolve_device(device_name)
     classifier = ImageClassifier(classifiers.load_classifier_model(path, device, weights))
     cfg, classes = classifier.config, classifier.classes
+    check_data(path, cfg.data.source, cfg.data.path)
     if confusion is not None:
         check_out_file(confusion, "--confusion", **data_inputs(cfg))
     data = load_data(cfg, device, load_labelled_splits)
@@ -511,6 +515,7 @@ def count_params(config: Path | None, checkpoint: Path | None, overrides: list[s
         cfg = load_config(config, overrides)
         check_model_fits(cfg)
         return param_rows(build_model(cfg))
+    checkpoint = resolve_model_path(checkpoint)  # a shipped model's name: its folder
     check_model_fits(exports.model_config(checkpoint, []))
     model, _, _ = load_model(checkpoint, "cpu", need_head=False)  # the weights must be the model its config describes
     if not overrides:

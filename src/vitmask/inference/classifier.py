@@ -1,14 +1,14 @@
 """A fine-tuned classifier from Python: `vitmask.load_classifier(PATH)` -> `ImageClassifier`.
 
     import vitmask
-    classifier = vitmask.load_classifier("export/mnist-classifier")  # or runs/finetune-mnist-finetune/last.pt
+    classifier = vitmask.load_classifier("export/mnist-classifier")  # or a checkpoint, or "mnist-classifier"
     top = classifier.predict(images, top_k=3)  # images: see data/processor.py
     top.names[0], top.probabilities[0]  # the first image's 3 likeliest classes and their probabilities
 
-PATH is a `vitmask finetune` checkpoint (its EMA weights when it has them, unless `weights="raw"`)
-or its export dir (store/classifier.py). Images go through `classifier.processor` (the preprocessing
-the model was trained with; the layouts it reads: data/processor.py, docs/python.md) unless they are
-already `ProcessedImages` of the model's image size. `fit=` (pad, center_crop, resize, none) fits
+PATH is a `vitmask finetune` checkpoint (its EMA weights when it has them, unless `weights="raw"`),
+its export dir (store/classifier.py), or a shipped classifier's name (`mnist-classifier`). Images
+go through `classifier.processor` (the preprocessing the model was trained with; the layouts it
+reads: data/processor.py, docs/python.md) unless they are already `ProcessedImages` of the model's image size. `fit=` (pad, center_crop, resize, none) fits
 images of another size by that choice instead of the model's data.fit; `Predictions.fit` says which
 fit was applied. Everything runs in fp32 in eval mode, `BATCH` images at a time, under no_grad;
 `vitmask predict` and `vitmask eval` call the same methods, so the CLI and Python give the same

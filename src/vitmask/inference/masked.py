@@ -1,7 +1,7 @@
 """A pretrained masked-patch model from Python, images in: `vitmask.load_masked_model(PATH)` -> `MaskedModel`.
 
     import vitmask
-    model = vitmask.load_masked_model("export/mnist")  # or runs/mnist/last.pt
+    model = vitmask.load_masked_model("export/mnist")  # or runs/mnist/last.pt, or the shipped "mnist"
     feats = model.features(images)  # (B, F): the encoder's tokens pooled as vitmask probe pools them
     hidden = torch.zeros(model.num_patches, dtype=torch.bool)
     hidden[:98] = True  # patches are numbered row by row: the top half of a 14 x 14 grid

@@ -21,8 +21,9 @@ that holds files is refused):
 - `model.onnx` with `--onnx` (onnx_export.py): `images` (B, S, S) 0/1 pixels in, `logits` (B, L) out.
 
 `load_classifier_model(PATH)` reads either (a checkpoint's EMA weights when it has them, unless
-`weights="raw"`), checks every file as export.py does, and refuses a masked-patch model in one
-line (fine-tune it first).
+`weights="raw"`), or a shipped classifier by name (vitmask/pretrained; an existing path wins),
+checks every file as export.py does, and refuses a masked-patch model in one line (fine-tune it
+first).
 
 Shapes: L label classes, S image side.
 """
@@ -38,6 +39,7 @@ from vitmask.config import Config, config_from_dict, dump_config
 from vitmask.errors import UserError
 from vitmask.evaluate.probe import feature_name
 from vitmask.model.classifier import Classifier, build_classifier
+from vitmask.pretrained import resolve_model_path
 from vitmask.store import checkpoint
 from vitmask.store import export as exports
 from vitmask.store.export import (
@@ -91,8 +93,9 @@ def checkpoint_task(path: Path) -> str | None:
 
 
 def is_classifier(path: str | Path) -> bool:
-    """Whether `path` is a fine-tuned classifier: a fine-tuning checkpoint or a classifier's export dir."""
-    path = Path(path)
+    """Whether `path` is a fine-tuned classifier: a fine-tuning checkpoint or a classifier's export dir
+    (or a shipped model's name: `resolve_model_path`, one line for a name that is neither)."""
+    path = resolve_model_path(path)
     if exports.is_export_dir(path):
         return exports.export_task(path) == CLASSIFIER_TASK
     return path.is_file() and checkpoint_task(path) == CHECKPOINT_TASK
@@ -111,8 +114,9 @@ def load_classifier_model(
     path: str | Path, device: torch.device | str = "cpu", weights: str | None = None, flag: str = "--weights"
 ) -> LoadedClassifier:
     """The classifier of a fine-tuning checkpoint or a classifier's export dir, in eval mode on `device`.
-    `weights` ema | raw picks a checkpoint's (default: the EMA's when it has them)."""
-    path = Path(path)
+    `weights` ema | raw picks a checkpoint's (default: the EMA's when it has them). `path` may name a
+    shipped classifier (`resolve_model_path`: an existing path wins)."""
+    path = resolve_model_path(path)
     exports.check_weights(weights, flag)
     if exports.is_export_dir(path):
         loaded = load_classifier_export(path, weights, flag)

@@ -17,8 +17,9 @@ leaves nothing; an `--out` that exists and holds files is refused.
 
 Loading: `load_pretrained(DIR)` is the model in eval mode. `load_model(PATH, device, weights)` is
 what every verb that takes `--checkpoint` calls: a `.pt` checkpoint (its EMA weights when it has
-them, unless `weights="raw"`) or an export dir, checked file by file, one line for anything wrong:
-config.json at most 1 MiB, nested at most 32 levels, its integers convertible, its entries (the
+them, unless `weights="raw"`) or an export dir, checked file by file, one line for anything wrong.
+Both take the name of a model shipped with vitmask too (vitmask/pretrained: an existing path wins).
+The checks: config.json at most 1 MiB, nested at most 32 levels, its integers convertible, its entries (the
 run's record too, `check_training_record`) of the types vitmask writes; model.safetensors with
 the SHA-256 config.json names, every tensor float32 and finite, and fitting the config. A
 checkpoint has both its weight entries checked, the one not loaded too (`check_weight_entries`).
@@ -46,6 +47,7 @@ from vitmask.data.processor import ImageProcessor
 from vitmask.errors import UserError
 from vitmask.model.vit import MaskedPatchViT, build_model
 from vitmask.outputs import missing_folders_made, nearest_folder, write_error
+from vitmask.pretrained import resolve_model_path
 from vitmask.store import checkpoint
 from vitmask.store.checkpoint import LoadedModel
 
@@ -295,14 +297,14 @@ def load_pretrained(path: str | Path, device: torch.device | str = "cpu") -> Mas
     patches = model.processor(images).patches  # uint8 (B, H, W) gray images -> (B, N, P) 0/1 pixels
     logits = model(patches, mask)  # (B, N, P) pixels, (B, N) bool -> (B, N, C)
 
-    `path` a str or os.PathLike; `device` cpu, cuda, cuda:K or auto, checked before anything is read.
+    `path` a str or os.PathLike, or the name of a model shipped with vitmask (`vitmask.load_pretrained("mnist")`); `device` cpu, cuda, cuda:K or auto, checked before anything is read.
     """
     from vitmask.data.processor import check_path
     from vitmask.runtime.process import api_device
 
     check_path(path)
     device = api_device(device)
-    loaded = load_export(path, device)
+    loaded = load_export(resolve_model_path(path), device)
     loaded.model.processor = ImageProcessor.from_config(loaded.config)
     return loaded.model
 
@@ -315,9 +317,10 @@ def load_model(
     flag: str = "--weights",
 ) -> LoadedModel:
     """The model behind a verb's `--checkpoint`: a .pt checkpoint (its EMA weights when it has them,
-    unless `weights` is "raw") or an export dir. `need_head`: refuse an encoder-only export. `flag`:
-    the option that gave `weights`, as the messages name it."""
-    path = Path(path)
+    unless `weights` is "raw") or an export dir, or a shipped model's name (`resolve_model_path`: an
+    existing path wins). `need_head`: refuse an encoder-only export. `flag`: the option that gave
+    `weights`, as the messages name it."""
+    path = resolve_model_path(path)
     if is_export_dir(path):
         loaded = load_export(path, device, weights, flag)
         if need_head and loaded.model.head is None:
@@ -343,6 +346,7 @@ def load_model(
 def loaded_weights(path: str | Path, state: dict[str, Any], weights: str | None) -> tuple[str, dict[str, Any]]:
     """Of a model `load_model(path, weights=weights)` loaded, with its `state`: which weights it holds
     (ema or raw) and the record of the run they come from (step, run id, figures)."""
+    path = resolve_model_path(path)
     if is_export_dir(path):
         return state["weights"], state["training"]
     return checkpoint_weights(state, path, weights)[1], state
@@ -383,7 +387,8 @@ def reject_classifier_export(path: Path) -> None:
 
 
 def model_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    """The config of a checkpoint or an export dir, `overrides` applied (count-params)."""
+    """The config of a checkpoint or an export dir (or a shipped model's name), `overrides` applied (count-params)."""
+    path = resolve_model_path(path)
     if is_export_dir(path):
         return config_from_dict(export_config(read_export_config(Path(path)), Path(path)).to_dict(), overrides)
     return checkpoint.checkpoint_config(path, overrides)

@@ -1,8 +1,9 @@
 """The weights a new run starts from: `vitmask train --config C --init PATH [--init-weights ema|raw]`.
 
 PATH is a full export dir (`vitmask export` without `--encoder-only`: the decoder and head are
-trained on too) or a `.pt` checkpoint of `vitmask train` (its EMA weights when it has them, its
-trained weights with `--init-weights raw`). It is read by `export.load_model`, the loader of every
+trained on too), a shipped model's name (vitmask/pretrained: `mnist`, `shapes`) or a `.pt`
+checkpoint of `vitmask train` (its EMA weights when it has them, its trained weights with
+`--init-weights raw`). It is read by `export.load_model`, the loader of every
 verb's `--checkpoint`, with every check of the files. The run itself is new: step 0, a new run id,
 a fresh optimizer and schedule, its own run dir; only the model's weights (and the EMA's, which
 starts as their copy) come from PATH.
@@ -26,6 +27,7 @@ import torch
 
 from vitmask.config import Config, flatten_config
 from vitmask.errors import UserError
+from vitmask.pretrained import resolve_model_path
 from vitmask.store import export as exports
 
 # model keys the weights do not depend on: they may differ between the source and the new run
@@ -59,19 +61,20 @@ def check_flags(init: Path | None, weights: str | None, resume: str | None) -> N
 
 def load_init(path: Path, cfg: Config, weights: str | None = None) -> InitWeights:
     """The weights at `path` for a new run of `cfg` (`weights`: ema | raw, default the EMA's when there
-    are any), checked to be the same model; a UserError in one line for anything wrong."""
-    path = Path(path)
+    are any), checked to be the same model; a UserError in one line for anything wrong. `path` may name a
+    shipped model (`resolve_model_path`: an existing path wins); the record keeps what the user passed."""
+    given, path = Path(path), resolve_model_path(path)
     if not path.exists() and not path.is_symlink():
         raise UserError(
-            f"--init {path} does not exist; pass an export dir written by vitmask export or a .pt checkpoint "
-            "written by vitmask train"
+            f"--init {path} does not exist; pass an export dir written by vitmask export, a .pt checkpoint "
+            "written by vitmask train, or a shipped model's name (vitmask models lists them)"
         )
     loaded = exports.load_model(path, "cpu", weights, need_head=True, flag=INIT_FLAG)
-    check_same_images(loaded.config, cfg, f"--init {path}")
-    check_same_model(loaded.config, cfg, path)
+    check_same_images(loaded.config, cfg, f"--init {given}")
+    check_same_model(loaded.config, cfg, given)
     kind, source = exports.loaded_weights(path, loaded.state, weights)
     record = {
-        "path": str(path),
+        "path": str(given),
         "kind": "export dir" if exports.is_export_dir(path) else "checkpoint",
         "weights": kind,
         "step": source.get("step"),
