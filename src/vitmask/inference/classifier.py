@@ -6,13 +6,14 @@
     top.names[0], top.probabilities[0]  # the first image's 3 likeliest classes and their probabilities
 
 PATH is a `vitmask finetune` checkpoint (its EMA weights when it has them, unless `weights="raw"`),
-its export dir (store/classifier.py), or a shipped classifier's name (`mnist-classifier`). Images
-go through `classifier.processor` (the preprocessing the model was trained with; the layouts it
-reads: data/processor.py, docs/python.md) unless they are already `ProcessedImages` of the model's image size. `fit=` (pad, center_crop, resize, none) fits
-images of another size by that choice instead of the model's data.fit; `Predictions.fit` says which
-fit was applied. Everything runs in fp32 in eval mode, `BATCH` images at a time, under no_grad;
-`vitmask predict` and `vitmask eval` call the same methods, so the CLI and Python give the same
-numbers for the same images. Every argument is checked before any work (a UserError in one line).
+its export dir (store/classifier.py), or a shipped classifier's name (`mnist-classifier`). Images go
+through `classifier.processor` (the preprocessing the model was trained with; the layouts it reads:
+data/processor.py, docs/python.md) unless they are already `ProcessedImages` of the model's image
+size. `fit=` (pad, center_crop, resize, none) fits images of another size by that choice instead of
+the model's data.fit; `Predictions.fit` says which fit was applied. Everything runs in fp32 in eval
+mode, `BATCH` images at a time, under no_grad; `vitmask predict` and `vitmask eval` call the same
+methods, so the CLI and Python give the same numbers for the same images. Every argument is checked
+before any work (a UserError in one line).
 
 Shapes: B images, S image side, N patches, P pixels per patch, F pooled features, L classes, k top-k.
 """

@@ -297,7 +297,9 @@ def load_pretrained(path: str | Path, device: torch.device | str = "cpu") -> Mas
     patches = model.processor(images).patches  # uint8 (B, H, W) gray images -> (B, N, P) 0/1 pixels
     logits = model(patches, mask)  # (B, N, P) pixels, (B, N) bool -> (B, N, C)
 
-    `path` a str or os.PathLike, or the name of a model shipped with vitmask (`vitmask.load_pretrained("mnist")`); `device` cpu, cuda, cuda:K or auto, checked before anything is read.
+    `path` a str or os.PathLike, or the name of a model shipped with vitmask
+    (`vitmask.load_pretrained("mnist")`); `device` cpu, cuda, cuda:K or auto, checked before anything
+    is read.
     """
     from vitmask.data.processor import check_path
     from vitmask.runtime.process import api_device
