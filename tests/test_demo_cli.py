@@ -12,19 +12,17 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import urllib.request
 
 import pytest
 
 from tests.conftest import ROOT, assert_user_error
-from tests.demo_models import tiny_models
+from tests.demo_models import start_demo, tiny_models
 
 pytest.importorskip("starlette", reason="the demo extra (starlette) is not installed")
 pytest.importorskip("uvicorn", reason="the demo extra (uvicorn) is not installed")
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-STARTS_WITHIN = 120  # seconds a test waits for the address line (a busy 2-core machine imports torch slowly)
 
 
 @pytest.fixture(scope="module")
@@ -42,29 +40,6 @@ def refused(run_cli_in_process, monkeypatch):
 
     monkeypatch.setattr(vitmask.demo.serve.DemoServer, "run", no_serving)
     return run_cli_in_process
-
-
-def start_demo(*args: str) -> tuple[subprocess.Popen, str, str]:
-    """`vitmask demo ARGS` in its own process: (the process, its first stdout line, the address in it)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "vitmask", "demo", *map(str, args)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    watchdog = threading.Timer(STARTS_WITHIN, proc.kill)
-    watchdog.start()
-    try:
-        line = proc.stdout.readline()
-    finally:
-        watchdog.cancel()
-    found = re.search(r"http://\S+/", line)
-    if found is None:
-        proc.kill()
-        raise AssertionError(f"no address printed: {line!r} {proc.communicate()[1]!r}")
-    return proc, line, found.group(0).removesuffix(";")
 
 
 def fetch(url: str) -> str:

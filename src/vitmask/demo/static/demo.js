@@ -261,8 +261,8 @@ function play() {
   if (state.frame >= T) setFrame(0);
   $("play").textContent = "❚❚ pause";
   state.timer = setInterval(() => {
-    if (state.frame >= T) return stopPlaying();
     setFrame(state.frame + 1);
+    if (state.frame >= T) stopPlaying();
   }, Math.max(60, Math.min(600, 4000 / T)));
 }
 
