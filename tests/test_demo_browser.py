@@ -18,6 +18,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -57,14 +58,19 @@ def missing_browser() -> str | None:
     return None
 
 
-@pytest.fixture(scope="module")
-def browser_ready():
+def require_browser() -> None:
+    """Skip, saying what is missing; under VITMASK_CI=1 (CI), fail instead."""
     why = missing_browser()
     if why is None:
         return
     if os.environ.get("VITMASK_CI") == "1":
         pytest.fail(f"{why}; under VITMASK_CI=1 the browser test must run", pytrace=False)
     pytest.skip(why)
+
+
+@pytest.fixture(scope="module")
+def browser_ready():
+    require_browser()
 
 
 @pytest.fixture(scope="module")
@@ -242,7 +248,28 @@ def test_a_person_draws_masks_fills_samples_and_classifies_and_the_numbers_are_t
     assert "the upload is not a readable image" in page.text_content("#message")
     assert (shown_pixels(page, "#image-canvas") == picked).all()
 
+    # a model's name as the shown commands quote it for the shell
+    for name in ("runs/my model/last.pt", "it's", "plain-name_1.pt"):
+        assert shlex.split(page.evaluate("(name) => shellWord(name)", name)) == [name]
+
     assert page.errors == [] and page.elsewhere == []
+
+
+def test_without_chromium_the_test_skips_saying_so_and_fails_under_ci(monkeypatch, tmp_path):
+    import tests.test_demo_browser as this
+
+    monkeypatch.setattr(this, "CHROMIUM", tmp_path / "no-chromium")
+    monkeypatch.delenv("VITMASK_CI", raising=False)
+    if missing_browser() != f"no Chromium at {tmp_path / 'no-chromium'} (Debian: apt-get install chromium)":
+        pytest.skip(f"another part is missing here: {missing_browser()}")
+    with pytest.raises(pytest.skip.Exception, match="no Chromium at"):
+        require_browser()
+    monkeypatch.setenv("VITMASK_CI", "1")
+    with pytest.raises(pytest.fail.Exception, match="no Chromium at .*under VITMASK_CI=1 the browser test must run"):
+        require_browser()
+    monkeypatch.setitem(sys.modules, "playwright.sync_api", None)
+    with pytest.raises(pytest.fail.Exception, match="Playwright is not installed"):
+        require_browser()
 
 
 def test_ci_fails_in_one_line_when_it_cannot_install_chromium(tmp_path):

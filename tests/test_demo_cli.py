@@ -18,6 +18,7 @@ import pytest
 
 from tests.conftest import ROOT, assert_user_error
 from tests.demo_models import start_demo, tiny_models
+from vitmask.errors import UserError
 
 pytest.importorskip("starlette", reason="the demo extra (starlette) is not installed")
 pytest.importorskip("uvicorn", reason="the demo extra (uvicorn) is not installed")
@@ -162,3 +163,28 @@ def test_the_set_up_installs_the_demo_and_its_test_packages_pinned():
         "httpx": "0.28.1",
         "playwright": "1.65.2",
     }
+
+
+@pytest.mark.parametrize(
+    "host, shown",
+    [
+        ("127.0.0.1", "http://127.0.0.1:"),
+        ("0.0.0.0", "http://127.0.0.1:"),
+        ("::1", "http://[::1]:"),
+        ("localhost", None),
+    ],
+)
+def test_the_address_printed_is_one_a_browser_opens(host, shown):
+    from vitmask.demo.serve import listen, page_url
+
+    try:
+        sock = listen(host, 0)
+    except UserError as e:
+        pytest.skip(f"this machine cannot listen on {host}: {e}")
+    with sock:
+        url = page_url(sock)
+        port = sock.getsockname()[1]
+        assert url.endswith(f":{port}/") and (shown is None or url.startswith(shown))
+        address = url.removeprefix("http://").rsplit(":", 1)[0].strip("[]")
+        with socket.create_connection((address, port), timeout=10):
+            pass  # the socket listens at the printed address
