@@ -104,6 +104,8 @@ def page_file(name: str) -> bytes:
 
 
 class DemoEndpoints:
+    """The page and the endpoints of one server: the models it serves, the lock, the stop."""
+
     def __init__(self, models: DemoModels, stopping: threading.Event):
         self.models, self.stopping = models, stopping
         self.data = models.config.data
@@ -368,7 +370,7 @@ def parse_bits(value: str, size: int, name: str) -> torch.Tensor:
 
 def bits(image: torch.Tensor) -> str:
     """(S, S) 0/1 -> its S*S characters '0'/'1', row by row."""
-    return "".join("1" if v else "0" for v in image.flatten().tolist())
+    return (image.flatten().to(torch.uint8).cpu() + ord("0")).numpy().tobytes().decode("ascii")
 
 
 def query_int(request: Request, name: str, default: int, lo: int, hi: int | None = None) -> int:
