@@ -12,8 +12,9 @@ $(PY):
 	python3 -m venv $(VENV)
 
 # Heavy dependencies: reinstalled only when pyproject.toml, constraints.txt or the extras change. The extras:
-# dev (pytest, ruff, sybil for the tested guides) and onnx (`vitmask export --onnx`, which the README's tour runs).
-EXTRAS := dev,onnx
+# dev (pytest, ruff, sybil for the tested guides, httpx and playwright for the demo's tests), onnx (`vitmask
+# export --onnx`, which the README's tour runs) and demo (`vitmask demo`: starlette, uvicorn).
+EXTRAS := dev,onnx,demo
 $(DEPS): pyproject.toml constraints.txt Makefile | $(PY)
 	$(PY) -m pip install -q -c constraints.txt -e '.[$(EXTRAS)]'
 	touch $(DEPS)

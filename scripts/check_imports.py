@@ -30,7 +30,7 @@ LAYERS = [
     {"store"},
     {"train"},
     {"inference"},
-    {"cli", "__main__"},
+    {"cli", "__main__", "demo"},  # demo: vitmask demo's server opens models as the verbs do (cli.verbs)
     {"__init__"},
 ]
 

@@ -14,7 +14,7 @@ from tests.conftest import ROOT
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 # README.md and the guides of docs/README.md, in order; a page another branch adds is run once it exists
-GUIDES = ("README.md", "docs/mnist.md", "docs/own-data.md", "docs/gpu-guide.md", "docs/classifier.md")
+GUIDES = ("README.md", "docs/mnist.md", "docs/own-data.md", "docs/gpu-guide.md", "docs/classifier.md", "docs/demo.md")
 NOT_YET: set[str] = set()
 
 TOUR = ["train", "eval", "probe", "sample", "inpaint", "export", "finetune"]

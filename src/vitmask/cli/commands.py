@@ -625,3 +625,42 @@ def models(
 
     rows = listing()
     print(json.dumps(rows) if as_json else format_listing(rows))
+
+
+@app.command()
+def demo(
+    checkpoint: Path = typer.Option(
+        None,
+        "--checkpoint",
+        help="The masked-patch model the page fills and samples with: a .pt checkpoint or an export dir "
+        "(default: the shipped model mnist).",
+    ),
+    classifier: Path = typer.Option(
+        None,
+        "--classifier",
+        help="A fine-tuned classifier for the page's classify panel: vitmask finetune's checkpoint or its export "
+        "(default: mnist-classifier beside the shipped model; none with --checkpoint).",
+    ),
+    host: str = typer.Option(
+        "127.0.0.1", "--host", help="The address to listen on: 127.0.0.1 (this machine only), 0.0.0.0 (every address)."
+    ),
+    port: int = typer.Option(8000, "--port", help="The port to listen on (0: any free port)."),
+    device: str = DeviceOpt,
+    weights: str = WeightsOpt,
+) -> None:
+    """Serve a web page to play with a model: draw, pick or upload an image, hide patches and fill them
+    (step by step), sample new images, classify them. It prints the address to open and runs until
+    Ctrl-C (exit 130) or SIGTERM (143).
+
+    The page's numbers are the CLI's: its fill is vitmask inpaint's for the same image, mask, options and
+    seed, its samples vitmask sample's, its top-k vitmask predict's. Needs the demo extra (starlette, uvicorn)."""
+    from vitmask.demo import require_demo_extra
+
+    require_demo_extra()
+    from vitmask.demo.serve import serve
+
+    try:
+        serve(checkpoint, classifier, host, port, device, weights)
+    except Stopped as e:
+        print(f"vitmask demo: stopped by {e.name}", file=sys.stderr)
+        raise SystemExit(e.code) from None

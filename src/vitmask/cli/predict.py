@@ -12,7 +12,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from vitmask.data.processor import ProcessedImages, check_fit
+from vitmask.data.processor import check_fit
 from vitmask.errors import UserError
 from vitmask.inference.classifier import ImageClassifier, check_top_k
 from vitmask.inference.inputs import open_input
@@ -57,9 +57,7 @@ def predict(
     rows = []
     with tqdm(total=images.count, desc="predict", unit="img", leave=False, disable=None if progress else True) as bar:
         for names, pixels in images.batches(processor, batch_size):
-            # binary already: not thresholded again
-            processed = ProcessedImages(pixels, classifier.processor.patch_size)
-            rows += records(names, classifier.top_k(classifier.probabilities(processed), top_k))
+            rows += records(names, classifier.top_k_of_pixels(pixels, top_k))  # binary already
             bar.update(len(names))
     if fit is not None:
         rows = [{**row, "fit": fit} for row in rows]

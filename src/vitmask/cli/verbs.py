@@ -24,11 +24,18 @@ from vitmask.errors import UserError, warn
 from vitmask.evaluate.classify import classifier_report, confusion_image, confusion_matrix
 from vitmask.evaluate.exact_nll import AUTO, AUTO_IMAGES, check_exact_args, exact_nll_report
 from vitmask.evaluate.likelihood import check_nll_args, nll_report
-from vitmask.evaluate.pictures import image_grid, paste_predictions, reconstruction_grid, save_binary_image, save_grid
+from vitmask.evaluate.pictures import image_grid, reconstruction_grid, save_binary_image, save_grid
 from vitmask.evaluate.probe import online_probe, require_labels, run_probes
 from vitmask.evaluate.scores import evaluate_split
-from vitmask.generate.inpaint import boxes_to_mask, check_patch_mask, mask_image_to_pixels, parse_box, pixels_to_patches
-from vitmask.generate.sampling import DecodeOptions, decode_masked, sample_images
+from vitmask.generate.inpaint import (
+    boxes_to_mask,
+    fill_image,
+    inpaint_options,
+    mask_image_to_pixels,
+    parse_box,
+    pixels_to_patches,
+)
+from vitmask.generate.sampling import DecodeOptions, sample_from_seed
 from vitmask.inference.classifier import BATCH, ImageClassifier
 from vitmask.model.memory_estimate import check_fits, check_model_fits
 from vitmask.model.params import ParamRow, param_rows
@@ -438,9 +445,7 @@ def inpaint(
     or with `samples` K > 1 a grid of the input (the hole grey) and K completions drawn from `seed`."""
     if not boxes and mask_path is None:
         raise UserError("nothing to fill; pass --box x0,y0,x1,y1 (repeatable) or --mask mask.png")
-    options = DecodeOptions(steps, temperature, order, choice_temperature)  # checks every value
-    if not iterative:
-        options = dataclasses.replace(options, steps=1)
+    options = inpaint_options(iterative, steps, temperature, order, choice_temperature)
     check_grid_count(samples, "--samples", "completions")
     if samples > 1 and options.deterministic:
         raise UserError(
@@ -451,7 +456,7 @@ def inpaint(
     if mask_path is not None:
         check_not_a_link_loop(mask_path, "--mask")
     check_out_file(out, inputs=(image, mask_path, path))
-    model, cfg, device = open_model(path, device_name, seed, weights, loads_data=False)
+    model, cfg, _ = open_model(path, device_name, seed, weights, loads_data=False)
     data = cfg.data
     gray = load_image_file(image)  # (h, w) uint8
     picture = binarize_images(gray.unsqueeze(0), data)  # (1, S, S) the training preprocessing
@@ -459,23 +464,18 @@ def inpaint(
     if mask_path is not None:
         pix |= mask_image_to_pixels(load_image_file(mask_path), tuple(gray.shape), data)
     mask = pixels_to_patches(pix, data.patch_size)  # (N,)
-    check_patch_mask(mask)
-    mask = mask.unsqueeze(0).to(device).expand(samples, -1)  # (K, N)
-    picture = picture.to(device).expand(samples, -1, -1)  # (K, S, S)
-    generator = torch.Generator(device=device).manual_seed(seed)
-    classes = decode_masked(model, picture, mask, data.patch_size, options, generator)  # (K, N)
-    filled = paste_predictions(picture, mask, classes, data.patch_size)  # (K, S, S)
+    filled = fill_image(model, picture[0], mask, data.patch_size, options, seed, samples)  # (K, S, S)
     if samples == 1:
         write_atomically(out, lambda f: save_binary_image(filled[0], f), "--out")
     else:  # the input with its hole grey, then the completions
-        tiles = torch.cat([picture[:1], filled])  # (K + 1, S, S)
-        hole = torch.cat([mask[:1], torch.zeros_like(mask)])  # (K + 1, N): grey only on the input
-        grid = image_grid(tiles, min(samples + 1, 8), hole, data.patch_size)
+        tiles = torch.cat([picture.to(filled.device), filled])  # (K + 1, S, S)
+        hole = torch.cat([mask.unsqueeze(0), torch.zeros(samples, len(mask), dtype=torch.bool)])  # (K + 1, N)
+        grid = image_grid(tiles, min(samples + 1, 8), hole, data.patch_size)  # the hole grey on the input only
         write_atomically(out, lambda f: save_grid(grid, f, scale=4), "--out")
     return {
         "out": str(out),
-        "filled_patches": int(mask[0].sum()),
-        "patches": mask.shape[1],
+        "filled_patches": int(mask.sum()),
+        "patches": len(mask),
         "image_size": data.image_size,
         "samples": samples,
     }
@@ -499,8 +499,7 @@ def sample(
     check_out_file(out, inputs=(path,))
     model, cfg, device = open_model(path, device_name, seed, weights, loads_data=False)
     data = cfg.data
-    generator = torch.Generator(device=device).manual_seed(seed)
-    images = sample_images(model, n, data.image_size, data.patch_size, options, generator, device)  # (n, S, S)
+    images = sample_from_seed(model, n, data.image_size, data.patch_size, options, seed, device)  # (n, S, S)
     grid = image_grid(images, math.ceil(math.sqrt(n)))
     write_atomically(out, lambda f: save_grid(grid, f, scale=3), "--out")
     return {"out": str(out), "n": n, "image_size": data.image_size, "steps": steps, "temperature": temperature}

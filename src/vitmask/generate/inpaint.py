@@ -7,10 +7,13 @@ image is read in the coordinates of the user's original image, fitted like the i
 every patch holding at least one of its white pixels (gray level >= 128).
 
 The filling itself (one-shot or iterative, most likely class or sampled) is
-`sampling.decode_masked`.
+`sampling.decode_masked`; `fill_image` fills one image with it as `vitmask inpaint` does (and
+vitmask demo, which calls it, so the page's fill is the CLI's), with `inpaint_options`.
 
 Shapes: B images, H = W side, N patches, P pixels per patch, M masked patches per image, C classes.
 """
+
+from collections.abc import Callable
 
 import torch
 
@@ -19,7 +22,8 @@ from vitmask.data.patches import patches_to_classes, patchify
 from vitmask.data.preprocess import fit_images
 from vitmask.errors import UserError
 from vitmask.evaluate.metrics import MaskedPatchMetrics
-from vitmask.generate.sampling import DecodeOptions, decode_masked
+from vitmask.evaluate.pictures import paste_predictions
+from vitmask.generate.sampling import DecodeOptions, DecodeRound, decode_masked
 
 
 def parse_box(text: str, size: int) -> tuple[int, int, int, int]:
@@ -67,6 +71,37 @@ def check_patch_mask(mask: torch.Tensor) -> None:
         raise UserError("the boxes or mask cover no patch; give a --box or --mask over the part to fill")
     if bool(mask.all()):
         raise UserError(f"the boxes or mask cover all {n} patches, leaving the model nothing to see; mask less")
+
+
+def inpaint_options(
+    iterative: bool, steps: int, temperature: float = 0.0, order: str = "confidence", choice_temperature: float = 0.0
+) -> DecodeOptions:
+    """`vitmask inpaint`'s decoding options, every value checked: one round (the one-shot fill) unless
+    `iterative`, else `steps` rounds."""
+    options = DecodeOptions(steps, temperature, order, choice_temperature)  # checks every value
+    return options if iterative else DecodeOptions(1, temperature, order, choice_temperature)
+
+
+def fill_image(
+    model: torch.nn.Module,
+    picture: torch.Tensor,
+    mask: torch.Tensor,
+    patch_size: int,
+    options: DecodeOptions,
+    seed: int,
+    samples: int = 1,
+    on_round: Callable[[DecodeRound], None] | None = None,
+) -> torch.Tensor:
+    """picture (S, S) 0/1, mask (N,) True = fill -> (K, S, S) uint8: `samples` completions of the masked
+    patches (visible ones kept), drawn by `decode_masked` with `options` from a generator on the model's
+    device seeded with `seed`. `on_round`: decode_masked's hook (rows: the completions)."""
+    check_patch_mask(mask)
+    device = next(model.parameters()).device
+    mask = mask.to(device).unsqueeze(0).expand(samples, -1)  # (K, N)
+    picture = picture.to(device).unsqueeze(0).expand(samples, -1, -1)  # (K, S, S)
+    generator = torch.Generator(device=device).manual_seed(seed)
+    classes = decode_masked(model, picture, mask, patch_size, options, generator, on_round)  # (K, N)
+    return paste_predictions(picture, mask, classes, patch_size)  # (K, S, S)
 
 
 def fill_accuracy(

@@ -22,12 +22,15 @@ Temperature 0 with the `confidence` order and no choice noise is deterministic: 
 that `vitmask inpaint` has always made. Random draws come from a `torch.Generator` on the model's
 device, so a seed repeats a result there. Everything is batched on the device; rows may hide
 different counts (`predict_every_patch`: an encoder-decoder model gets one call per distinct count).
-Each round is a stop point (signals.check_stop).
+Each round is a stop point (signals.check_stop). An `on_round` hook sees each round's state as it
+ends (`DecodeRound`: what the round fixed, with the probability of each patch's class): the steps
+of an iterative fill, shown one by one (vitmask demo). It reads the round and changes nothing.
 
 Shapes: B images, H = W side, N patches, P pixels per patch, C classes, T rounds.
 """
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -65,6 +68,19 @@ class DecodeOptions:
     def deterministic(self) -> bool:
         """Whether decoding draws nothing at random (every call gives the same classes)."""
         return self.temperature == 0 and self.order == "confidence" and self.choice_temperature == 0
+
+
+@dataclass(frozen=True)
+class DecodeRound:
+    """The state of decoding as one round ends, given to `decode_masked`'s `on_round` hook."""
+
+    index: int  # the round, 0 first, counting the rounds skipped because no row fixed a patch there
+    rounds: int  # T: the rounds of the longest row
+    picked: torch.Tensor  # (B, N) bool: the patches this round fixed
+    classes: torch.Tensor  # (B, N) int64: every patch's class after the round (hidden ones: their input's)
+    hidden: torch.Tensor  # (B, N) bool: the patches still hidden after the round
+    probability: torch.Tensor  # (B, N) float32: the model's probability (its softmax at temperature 1) of the
+    # class each patch hidden as the round began got in it; NaN for the patches visible then
 
 
 def unmask_counts(num_masked: int, steps: int) -> list[int]:
@@ -105,12 +121,14 @@ def decode_masked(
     patch_size: int,
     options: DecodeOptions = DecodeOptions(),
     generator: torch.Generator | None = None,
+    on_round: Callable[[DecodeRound], None] | None = None,
 ) -> torch.Tensor:
     """images (B, H, W) 0/1, mask (B, N) True = hidden -> (B, N) int64 classes, every patch decided.
 
     Visible patches keep their class; hidden ones are decoded as the module docstring says. Rows
     may hide different counts, all of them included (a fully hidden canvas generates an image).
-    Rounds in which no row fixes a patch are skipped.
+    Rounds in which no row fixes a patch are skipped. `on_round` is called as each round that
+    fixes a patch ends; it draws nothing from `generator`, so the classes are the same with it.
     """
     pix = patchify(images, patch_size).float()  # (B, N, P)
     classes = patches_to_classes(pix)  # (B, N)
@@ -138,9 +156,13 @@ def decode_masked(
         score = torch.where(hidden, score.clamp_min(-1e30), -math.inf)  # visible patches rank last
         rank = score.argsort(dim=1, descending=True, stable=True).argsort(dim=1)  # (B, N): 0 = kept first
         pick = rank < schedule[t].unsqueeze(1)  # (B, N), only hidden patches: k <= hidden count
+        probability = logp.gather(-1, guess.unsqueeze(-1)).squeeze(-1).exp() if on_round else None  # (B, N)
+        was_hidden = hidden
         classes = torch.where(pick, guess, classes)
         pix = torch.where(pick.unsqueeze(-1), classes_to_patches(guess, pix.shape[-1]).float(), pix)
         hidden = hidden & ~pick
+        if on_round is not None:
+            on_round(DecodeRound(t, rounds, pick, classes, hidden, torch.where(was_hidden, probability, math.nan)))
     return classes
 
 
@@ -154,14 +176,32 @@ def sample_images(
     generator: torch.Generator | None = None,
     device: torch.device | str = "cpu",
     batch_size: int = 256,
+    on_round: Callable[[DecodeRound], None] | None = None,
 ) -> torch.Tensor:
-    """Generate `n` images from a fully masked canvas: (n, H, W) uint8 0/1, in batches of `batch_size`."""
+    """Generate `n` images from a fully masked canvas: (n, H, W) uint8 0/1, in batches of `batch_size`
+    (`on_round`: decode_masked's hook, for each batch)."""
     grid = image_size // patch_size
     out = []
     for start in range(0, n, batch_size):
         b = min(batch_size, n - start)
         canvas = torch.zeros(b, image_size, image_size, dtype=torch.uint8, device=device)  # (b, H, W)
         hidden = torch.ones(b, grid * grid, dtype=torch.bool, device=device)  # (b, N): all masked
-        classes = decode_masked(model, canvas, hidden, patch_size, options, generator)  # (b, N)
+        classes = decode_masked(model, canvas, hidden, patch_size, options, generator, on_round)  # (b, N)
         out.append(unpatchify(classes_to_patches(classes, patch_size**2), patch_size).to(torch.uint8))
     return torch.cat(out)  # (n, H, W)
+
+
+def sample_from_seed(
+    model: torch.nn.Module,
+    n: int,
+    image_size: int,
+    patch_size: int,
+    options: DecodeOptions,
+    seed: int,
+    device: torch.device | str = "cpu",
+    on_round: Callable[[DecodeRound], None] | None = None,
+) -> torch.Tensor:
+    """`sample_images` drawn from a generator on `device` seeded with `seed`: (n, H, W) uint8 0/1, the
+    images `vitmask sample --seed SEED` writes (and vitmask demo shows) for the same options."""
+    generator = torch.Generator(device=device).manual_seed(seed)
+    return sample_images(model, n, image_size, patch_size, options, generator, device, on_round=on_round)

@@ -119,6 +119,12 @@ class ImageClassifier:
         top.fit = self.applied_fit(images, fit)
         return top
 
+    def top_k_of_pixels(self, pixels: torch.Tensor, top_k: int) -> Predictions:
+        """Binary images (B, S, S) uint8 0/1, taken as they are (not thresholded again) -> the `top_k`
+        likeliest classes of each: what `vitmask predict` gives each batch of images it has read
+        (and vitmask demo each image on its page)."""
+        return self.top_k(self.probabilities(ProcessedImages(pixels, self.processor.patch_size)), top_k)
+
     def top_k(self, probabilities: torch.Tensor, top_k: int) -> Predictions:
         """(B, L) probabilities -> the top_k classes of each row (ties: the lower index first)."""
         probs, classes = probabilities.topk(top_k, dim=1)  # (B, k), (B, k)

@@ -1,0 +1,401 @@
+"""The demo's Starlette app: the page, and JSON endpoints that compute with the verbs' library code.
+
+    GET  /                 the page (static/index.html), GET /demo.js its script
+    GET  /api/info         the models: image and patch size, the classifier's classes, the limits
+    GET  /api/examples     ?start=&count=: test images to pick from (models.Examples)
+    POST /api/upload       an image file as the body -> its binary pixels, preprocessed as inpaint reads --image
+    POST /api/fill         pixels, mask and decoding options -> the fill and each round of it
+    POST /api/sample       decoding options and a seed -> a new image and each round of it
+    POST /api/classify     pixels and top_k -> the classifier's top-k classes
+
+Images travel as strings of S*S characters '0'/'1', row by row (1 = foreground), the binary pixels
+the model sees; a mask the same way, 1 = hidden (every patch holding a 1 is filled, as for
+`vitmask inpaint --mask`). The numbers are the CLI's: a fill is `generate.inpaint.fill_image` with
+`inpaint_options` (what `vitmask inpaint` runs, defaults included), a sample
+`generate.sampling.sample_from_seed` (`vitmask sample --n 1`), a classification
+`ImageClassifier.top_k_of_pixels` (`vitmask predict`); an upload is read by `load_image_file` and
+`binarize_images`, as inpaint reads its image.
+
+The server keeps no state between requests: each is answered from what it carries, so any number
+of pages, in any number of browsers, each keep their own. Model computations run one at a time
+(a lock), in Starlette's thread pool. Bad input, a body over its limit included, is an answer
+{"error": one line} with status 400 or 413, never a traceback; anything else is a bug and keeps
+its traceback in the server's output.
+"""
+
+import json
+import re
+import tempfile
+import threading
+import warnings
+from collections.abc import Callable
+from importlib import resources
+from pathlib import Path
+
+import torch
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from vitmask.config import check_seed
+from vitmask.data.preprocess import binarize_images, load_image_file
+from vitmask.demo.models import DemoModels
+from vitmask.errors import UserError
+from vitmask.generate.inpaint import fill_image, inpaint_options, pixels_to_patches
+from vitmask.generate.sampling import ORDERS, DecodeOptions, DecodeRound, sample_from_seed
+from vitmask.inference.classifier import check_top_k
+
+MAX_UPLOAD_BYTES = 8 << 20  # an uploaded image file
+MAX_UPLOAD_SIDE = 4096  # pixels a side of an uploaded image, checked before it is decoded
+JSON_SLACK = 64 << 10  # a JSON request: its images (two of S*S characters) and this much more
+EXAMPLES_PAGE = 100  # test images one /api/examples answer holds at most
+SECURITY_HEADERS = {
+    # the page loads nothing from anywhere else: no CDN, no fonts, no requests to other hosts
+    "Content-Security-Policy": (
+        "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data: blob:; "
+        "connect-src 'self'; frame-ancestors 'none'; form-action 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "Cache-Control": "no-store",
+}
+# The CLI's defaults: vitmask inpaint's (steps 8, temperature 0, order confidence) and vitmask sample's
+# (steps 64, temperature 1, order random); seed 0 and choice temperature 0 for both.
+FILL_FIELDS = {
+    "pixels": (str, None),
+    "mask": (str, None),
+    "iterative": (bool, False),
+    "steps": (int, 8),
+    "temperature": (float, 0.0),
+    "seed": (int, 0),
+    "order": (str, "confidence"),
+    "choice_temperature": (float, 0.0),
+}
+SAMPLE_FIELDS = {
+    "steps": (int, 64),
+    "temperature": (float, 1.0),
+    "seed": (int, 0),
+    "order": (str, "random"),
+    "choice_temperature": (float, 0.0),
+}
+CLASSIFY_FIELDS = {"pixels": (str, None), "top_k": (int, 1)}
+
+
+class BadRequest(Exception):
+    """Bad input to an endpoint: `status` (400, or 413 for a body over its limit) and one line."""
+
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
+        self.status = status
+
+
+class ServerStopping(Exception):
+    """The server is shutting down: a computation under way stops at its next round."""
+
+
+def make_app(models: DemoModels, stopping: threading.Event | None = None) -> Starlette:
+    """The app serving `models`. Setting `stopping` ends the computations under way at their next round."""
+    return Starlette(routes=DemoEndpoints(models, stopping or threading.Event()).routes())
+
+
+def page_file(name: str) -> bytes:
+    return (resources.files("vitmask.demo") / "static" / name).read_bytes()
+
+
+class DemoEndpoints:
+    """The page and the endpoints of one server: the models it serves, the lock, the stop."""
+
+    def __init__(self, models: DemoModels, stopping: threading.Event):
+        self.models, self.stopping = models, stopping
+        self.data = models.config.data
+        self.size, self.patch = self.data.image_size, self.data.patch_size
+        self.lock = threading.Lock()  # one model computation at a time: torch's threads serve one request
+        self.page = {"index.html": page_file("index.html"), "demo.js": page_file("demo.js")}
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/", self.index, methods=["GET"]),
+            Route("/demo.js", self.script, methods=["GET"]),
+            Route("/api/info", self.info, methods=["GET"]),
+            Route("/api/examples", self.examples, methods=["GET"]),
+            Route("/api/upload", self.upload, methods=["POST"]),
+            Route("/api/fill", self.fill, methods=["POST"]),
+            Route("/api/sample", self.sample, methods=["POST"]),
+            Route("/api/classify", self.classify, methods=["POST"]),
+        ]
+
+    # ---- the page -------------------------------------------------------------------------------------
+    async def index(self, request: Request) -> Response:
+        return Response(self.page["index.html"], media_type="text/html; charset=utf-8", headers=SECURITY_HEADERS)
+
+    async def script(self, request: Request) -> Response:
+        return Response(self.page["demo.js"], media_type="text/javascript; charset=utf-8", headers=SECURITY_HEADERS)
+
+    async def info(self, request: Request) -> Response:
+        m, d = self.models, self.data
+        classifier = None
+        if m.classifier is not None:
+            names = m.classifier.names
+            classifier = {"name": m.classifier_name, "classes": names, "top_k": min(5, len(names))}
+        return answer(
+            {
+                "model": {
+                    "name": m.name,
+                    "image_size": d.image_size,
+                    "patch_size": d.patch_size,
+                    "patches": d.num_patches,
+                    "fit": d.fit,
+                },
+                "classifier": classifier,
+                "fill": {k: v for k, (_, v) in FILL_FIELDS.items() if v is not None},
+                "sample": {k: v for k, (_, v) in SAMPLE_FIELDS.items()},
+                "orders": list(ORDERS),
+                "limits": {"upload_bytes": MAX_UPLOAD_BYTES, "upload_side": MAX_UPLOAD_SIDE},
+            }
+        )
+
+    async def examples(self, request: Request) -> Response:
+        try:
+            start = query_int(request, "start", 0, 0)
+            count = query_int(request, "count", 24, 1, EXAMPLES_PAGE)
+        except BadRequest as e:
+            return failure(e)
+        images, source = await run_in_threadpool(self.models.examples.images)
+        if images is None:
+            return answer({"total": 0, "start": 0, "images": [], "why": source})
+        chunk = images[start : start + count]  # (k, S, S)
+        return answer({"total": len(images), "start": start, "images": [bits(x) for x in chunk], "source": source})
+
+    # ---- computations ---------------------------------------------------------------------------------
+    async def upload(self, request: Request) -> Response:
+        try:
+            body = await read_body(request, MAX_UPLOAD_BYTES, "an uploaded image")
+            if not body:
+                raise BadRequest("the upload is empty; choose a PNG, JPEG or BMP file")
+            return answer(await run_in_threadpool(self._read_upload, body))
+        except (BadRequest, UserError) as e:
+            return failure(e)
+
+    def _read_upload(self, body: bytes) -> dict:
+        """inpaint's reading of --image: load_image_file (every mode, EXIF, the checks) and binarize_images."""
+        with tempfile.TemporaryDirectory(prefix="vitmask-demo-") as tmp:
+            path = Path(tmp) / "upload"
+            path.write_bytes(body)
+            try:
+                check_upload_size(path)
+                gray = load_image_file(path)  # (h, w) uint8
+                picture = binarize_images(gray.unsqueeze(0), self.data)[0]  # (S, S)
+            except UserError as e:
+                raise UserError(str(e).replace(str(path), "the upload")) from None
+        h, w = gray.shape
+        note = ""
+        if (h, w) != (self.size, self.size):
+            note = f"fitted {w}x{h} to {self.size}x{self.size} (data.fit {self.data.fit}), as vitmask inpaint reads it"
+        return {"pixels": bits(picture), "note": note}
+
+    async def fill(self, request: Request) -> Response:
+        try:
+            f = await read_fields(request, FILL_FIELDS, self.json_limit(), "fill")
+            picture = parse_bits(f["pixels"], self.size, "pixels")  # (S, S)
+            pix_mask = parse_bits(f["mask"], self.size, "mask").bool()  # (S, S)
+            options = inpaint_options(f["iterative"], f["steps"], f["temperature"], f["order"], f["choice_temperature"])
+            check_seed(f["seed"], "seed")
+            mask = pixels_to_patches(pix_mask, self.patch)  # (N,)
+
+            def run(on_round):
+                return fill_image(self.models.model, picture, mask, self.patch, options, f["seed"], 1, on_round)
+
+            filled, rounds = await run_in_threadpool(self._compute, run)
+        except (BadRequest, UserError) as e:
+            return failure(e)
+        except ServerStopping:
+            return stopping()
+        return answer(
+            {"pixels": bits(filled[0]), "rounds": rounds, "filled_patches": int(mask.sum()), "patches": len(mask)}
+        )
+
+    async def sample(self, request: Request) -> Response:
+        try:
+            f = await read_fields(request, SAMPLE_FIELDS, self.json_limit(), "sample")
+            options = DecodeOptions(f["steps"], f["temperature"], f["order"], f["choice_temperature"])
+            check_seed(f["seed"], "seed")
+            m = self.models
+
+            def run(on_round):
+                return sample_from_seed(m.model, 1, self.size, self.patch, options, f["seed"], m.device, on_round)
+
+            images, rounds = await run_in_threadpool(self._compute, run)
+        except (BadRequest, UserError) as e:
+            return failure(e)
+        except ServerStopping:
+            return stopping()
+        return answer({"pixels": bits(images[0]), "rounds": rounds, "patches": self.data.num_patches})
+
+    async def classify(self, request: Request) -> Response:
+        classifier = self.models.classifier
+        try:
+            if classifier is None:
+                raise BadRequest(
+                    "this demo serves no classifier; start it with --classifier PATH (a fine-tuned classifier)", 404
+                )
+            f = await read_fields(request, CLASSIFY_FIELDS, self.json_limit(), "classify")
+            picture = parse_bits(f["pixels"], self.size, "pixels")  # (S, S)
+            check_top_k(f["top_k"], len(classifier.classes), "top_k")
+            with_lock = self._locked(lambda: classifier.top_k_of_pixels(picture.unsqueeze(0), f["top_k"]))
+            top = await run_in_threadpool(with_lock)
+        except (BadRequest, UserError) as e:
+            return failure(e)
+        rows = zip(top.names[0], top.labels[0].tolist(), top.probabilities[0].tolist(), strict=True)
+        return answer({"top": [{"name": n, "label": v, "probability": p} for n, v, p in rows]})
+
+    # ---- helpers --------------------------------------------------------------------------------------
+    def json_limit(self) -> int:
+        return 2 * self.size * self.size + JSON_SLACK
+
+    def _locked(self, work: Callable):
+        def run():
+            with self.lock:
+                return work()
+
+        return run
+
+    def _compute(self, run: Callable) -> tuple[torch.Tensor, list[dict]]:
+        """`run(on_round)` under the lock -> its images, and each round of its first row: the patches it
+        fixed and the probability of the class each got. A stopping server ends it at its next round."""
+        rounds = []
+
+        def on_round(r: DecodeRound) -> None:
+            if self.stopping.is_set():
+                raise ServerStopping()
+            picked = r.picked[0].nonzero().flatten()  # (k,)
+            rounds.append({"patches": picked.tolist(), "probability": r.probability[0, picked].tolist()})
+
+        with self.lock:
+            if self.stopping.is_set():
+                raise ServerStopping()
+            images = run(on_round)
+        return images.cpu(), rounds
+
+
+# ---- requests and answers -------------------------------------------------------------------------------
+def answer(payload: dict) -> JSONResponse:
+    return JSONResponse(payload, headers={"Cache-Control": "no-store"})
+
+
+def failure(e: Exception) -> JSONResponse:
+    status = getattr(e, "status", 400)
+    return JSONResponse({"error": " ".join(str(e).split())}, status_code=status, headers={"Cache-Control": "no-store"})
+
+
+def stopping() -> JSONResponse:
+    return JSONResponse({"error": "the demo server is stopping; start it again to go on"}, status_code=503)
+
+
+def size_text(n: int) -> str:
+    return f"{n / (1 << 20):.0f} MiB" if n >= 1 << 20 else f"{n / 1024:.0f} KiB"
+
+
+async def read_body(request: Request, limit: int, what: str) -> bytes:
+    """The request's body, refused (413) past `limit` bytes: by its Content-Length before it is read, else
+    as it arrives."""
+    too_large = BadRequest(f"{what} may be at most {size_text(limit)}; send a smaller one", 413)
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.isdigit():
+            raise BadRequest(f"the Content-Length header '{declared[:40]}' is not a byte count")
+        if int(declared) > limit:
+            raise too_large
+    chunks, total = [], 0
+    async for chunk in request.stream():
+        total += len(chunk)
+        if total > limit:
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def read_fields(request: Request, spec: dict[str, tuple[type, object]], limit: int, what: str) -> dict:
+    """A JSON object body holding the fields of `spec` (name -> (type, default; None: required)), each checked."""
+    body = await read_body(request, limit, f"a {what} request")
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError):
+        raise BadRequest(f"the {what} request is not JSON; send a JSON object") from None
+    if not isinstance(data, dict):
+        raise BadRequest(f"the {what} request must be a JSON object with the fields {', '.join(spec)}")
+    unknown = sorted(set(data) - set(spec))
+    if unknown:
+        raise BadRequest(f"the {what} request has no field '{unknown[0][:40]}'; its fields: {', '.join(spec)}")
+    fields = {}
+    for name, (kind, default) in spec.items():
+        if name not in data:
+            if default is None:
+                raise BadRequest(f"the {what} request needs the field '{name}'")
+            fields[name] = default
+            continue
+        fields[name] = typed(data[name], kind, name)
+    return fields
+
+
+TYPE_NAMES = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+
+
+def typed(value, kind: type, name: str):
+    """A JSON value as `kind` (an integer is a number; a bool is neither), else a BadRequest naming the field."""
+    ok = isinstance(value, kind) and not (kind is not bool and isinstance(value, bool))
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        try:
+            return float(value)
+        except OverflowError:
+            raise BadRequest(f"{name} is too large a number; pass a finite one") from None
+    if not ok:
+        raise BadRequest(f"{name} must be {TYPE_NAMES[kind]}, got {type(value).__name__.replace('NoneType', 'null')}")
+    return value
+
+
+BITS = re.compile(r"[01]*")
+
+
+def parse_bits(value: str, size: int, name: str) -> torch.Tensor:
+    """A string of size*size characters '0'/'1' -> (size, size) uint8 0/1."""
+    n = size * size
+    if len(value) != n or not BITS.fullmatch(value):
+        raise BadRequest(
+            f"{name} must be {n} characters 0 or 1 (the {size}x{size} image, row by row), got "
+            f"{len(value)} characters{'' if BITS.fullmatch(value) else ' with others than 0 and 1'}"
+        )
+    return (torch.frombuffer(bytearray(value.encode("ascii")), dtype=torch.uint8) - ord("0")).view(size, size)
+
+
+def bits(image: torch.Tensor) -> str:
+    """(S, S) 0/1 -> its S*S characters '0'/'1', row by row."""
+    return (image.flatten().to(torch.uint8).cpu() + ord("0")).numpy().tobytes().decode("ascii")
+
+
+def query_int(request: Request, name: str, default: int, lo: int, hi: int | None = None) -> int:
+    text = request.query_params.get(name)
+    if text is None:
+        return default
+    if not text.isdigit() or len(text) > 9 or int(text) < lo or (hi is not None and int(text) > hi):
+        top = f" to {hi}" if hi is not None else " or more"
+        raise BadRequest(f"?{name}= must be an integer {lo}{top}, got '{text[:40]}'")
+    return int(text)
+
+
+def check_upload_size(path: Path) -> None:
+    """Refuse an image over MAX_UPLOAD_SIDE pixels a side from its header, before any pixel is decoded."""
+    from PIL import Image
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # the size is checked just below
+            with Image.open(path) as im:
+                w, h = im.size
+    except Exception:  # not an image, or a broken one: load_image_file says so in its own words
+        return
+    if max(w, h) > MAX_UPLOAD_SIDE:
+        raise UserError(
+            f"the upload is {w}x{h} pixels; the demo reads images up to {MAX_UPLOAD_SIDE} pixels a side; "
+            "shrink it first"
+        )
