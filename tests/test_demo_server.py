@@ -548,3 +548,17 @@ def test_the_defaults_are_the_shipped_models_through_the_verbs_loaders(monkeypat
     opened.clear()
     assert open_models(Path("mine.pt"), None).classifier is None
     assert opened == [Path("mine.pt")]
+
+
+def test_the_shipped_defaults_serve_mnist_its_classifier_and_its_examples():
+    """No flags: the shipped masked-patch model, the classifier fine-tuned from it, and the picker's images read
+    from the examples.npz in the shipped model's own folder (the package's, not the working directory's)."""
+    from vitmask.pretrained import resolve_model_path
+
+    served = open_models(None, None, "cpu")
+    assert served.name == "mnist" and served.classifier_name == "mnist-classifier"
+    assert served.config.data.image_size == 28 and served.classifier is not None
+    images, where = served.examples.images()
+    with np.load(resolve_model_path(Path("mnist")) / "examples.npz") as archive:
+        shipped = archive["images"]
+    assert where.startswith("examples.npz") and torch.equal(images, torch.from_numpy(shipped))

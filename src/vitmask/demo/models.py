@@ -29,11 +29,11 @@ from vitmask.errors import UserError
 from vitmask.inference.classifier import ImageClassifier
 from vitmask.model.memory_estimate import check_fits
 from vitmask.outputs import reason
+from vitmask.pretrained import EXAMPLES_FILE, resolve_model_path
 from vitmask.store.classifier import load_classifier_model
 
 DEFAULT_MODEL = "mnist"  # the shipped masked-patch model
 DEFAULT_CLASSIFIER = "mnist-classifier"  # the classifier fine-tuned from it
-EXAMPLES_FILE = "examples.npz"
 MAX_EXAMPLES = 1000  # test images offered at most: the first ones of the split
 
 
@@ -74,7 +74,7 @@ def open_models(
         device,
         loaded,
         None if classifier is None else str(classifier),
-        Examples(Path(checkpoint), cfg),
+        Examples(resolve_model_path(Path(checkpoint)), cfg),  # a shipped name: its package folder
     )
 
 
