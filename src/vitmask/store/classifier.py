@@ -312,7 +312,7 @@ def export_classifier(
             f"{path} is a fine-tuned classifier, which exports whole (encoder, norm and head); leave --encoder-only "
             "out, or export the masked-patch model it was fine-tuned from"
         )
-    exports.check_out_dir(out)
+    replaces = exports.check_out_dir(out)
     if onnx:
         require_onnx()
     loaded = load_classifier_model(path, "cpu", weights)
@@ -324,6 +324,7 @@ def export_classifier(
         out,
         lambda meta, params: classifier_card(meta, cfg, params, onnx),
         (lambda file: export_classifier_onnx(model, cfg, file)) if onnx else None,
+        replaces,
     )
     return {
         "out": str(out),

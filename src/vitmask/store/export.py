@@ -28,6 +28,7 @@ store/classifier.py loads and exports it.
 """
 
 import dataclasses
+import errno
 import json
 import os
 import re
@@ -38,7 +39,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from vitmask import __version__
+from vitmask import __version__, outputs
 from vitmask.config import Config, dump_config
 from vitmask.data.processor import ImageProcessor
 from vitmask.errors import UserError
@@ -173,8 +174,9 @@ def model_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) 
 
 
 # ---- writing --------------------------------------------------------------------------------------
-def check_out_dir(out: Path) -> None:
-    """Refuse an --out that exists and holds files, is not a folder, or whose folder cannot be written."""
+def check_out_dir(out: Path) -> outputs.FileId | None:
+    """Refuse an --out that exists and holds files, is not a folder, or whose folder cannot be written.
+    Returns the empty folder given (`outputs.file_id`), the only thing the export may replace, or None."""
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} exists and is not a folder; pass a new folder path")
     if out.is_dir() and any(out.iterdir()):
@@ -184,6 +186,7 @@ def check_out_dir(out: Path) -> None:
         raise UserError(f"the folder of --out {out} is a file ({parent}), not a folder; pick another --out")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise UserError(f"cannot write into {parent} (permission denied); pick another --out")
+    return outputs.file_id(out)
 
 
 def encoder_metadata(cfg: Config) -> dict[str, Any]:
@@ -305,8 +308,15 @@ def save_weights(tensors: dict[str, torch.Tensor], file: Path) -> None:
         raise OSError(code, os.strerror(code) if code else str(e), str(file)) from None
 
 
-def write_export(model: nn.Module, cfg: Config, meta: dict[str, Any], out: Path, onnx: bool = False) -> list[Path]:
-    """Write the export dir `out` through a temp dir beside it, renamed into place; returns its files."""
+def write_export(
+    model: nn.Module,
+    cfg: Config,
+    meta: dict[str, Any],
+    out: Path,
+    onnx: bool = False,
+    replaces: outputs.FileId | None = None,
+) -> list[Path]:
+    """Write the export dir `out` through a temp dir beside it, moved into place; returns its files."""
     from vitmask.store.onnx_export import export_onnx
 
     return write_export_files(
@@ -315,19 +325,29 @@ def write_export(model: nn.Module, cfg: Config, meta: dict[str, Any], out: Path,
         out,
         lambda meta, params: model_card(meta, cfg, params),
         (lambda file: export_onnx(model, cfg, file)) if onnx else None,
+        replaces,
     )
 
 
-def write_export_files(model: nn.Module, meta: dict[str, Any], out: Path, card, write_onnx=None) -> list[Path]:
+def write_export_files(
+    model: nn.Module,
+    meta: dict[str, Any],
+    out: Path,
+    card,
+    write_onnx=None,
+    replaces: outputs.FileId | None = None,
+) -> list[Path]:
     """Write an export dir: the weights, config.json (`meta` and their SHA-256), the card
     (`card(meta, params)`) and, with `write_onnx(file)`, model.onnx; through a temp dir beside `out`,
-    renamed into place. Returns its files."""
+    moved into place only where nothing stands (or the empty folder `replaces`, `check_out_dir`'s,
+    still stands empty): anything else there is left as it is (`outputs.OutputTaken`). The missing
+    folders above `out` are made, and removed again when the export fails. Returns its files."""
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         with missing_folders_made(out):  # removed again when the export fails, after its temp dir
             try:
-                _write_export_files(model, meta, tmp, out, card, write_onnx)
+                _write_export_files(model, meta, tmp, out, card, write_onnx, replaces)
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
     except OSError as e:
@@ -335,20 +355,31 @@ def write_export_files(model: nn.Module, meta: dict[str, Any], out: Path, card, 
     return sorted(out.iterdir())
 
 
-def _write_export_files(model: nn.Module, meta: dict[str, Any], tmp: Path, out: Path, card, write_onnx) -> None:
-    """write_export_files' work: every file into `tmp`, then `tmp` renamed to `out`."""
+def _write_export_files(
+    model: nn.Module, meta: dict[str, Any], tmp: Path, out: Path, card, write_onnx, replaces
+) -> None:
+    """write_export_files' work: every file into `tmp`, then `tmp` moved to `out`."""
     tmp.mkdir()
     tensors = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in model.state_dict().items()}
     save_weights(tensors, tmp / WEIGHTS_FILE)
     meta = {**meta, "sha256": {WEIGHTS_FILE: sha256_of(tmp / WEIGHTS_FILE)}}
-    (tmp / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+    (tmp / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")  # ASCII: JSON escapes
     params = sum(p.numel() for p in model.parameters())
-    (tmp / CARD_FILE).write_text(card(meta, params))
+    # UTF-8; a name that is not (a file name's undecodable bytes, held as lone surrogates) as escapes
+    (tmp / CARD_FILE).write_text(card(meta, params), encoding="utf-8", errors="backslashreplace")
     if write_onnx is not None:
         write_onnx(tmp / ONNX_FILE)
-    if out.is_dir():
-        out.rmdir()  # empty: checked before the work
-    os.replace(tmp, out)
+    if replaces is not None and outputs.file_id(out) == replaces:
+        try:
+            out.rmdir()  # the empty folder given (it held nothing when checked)
+        except OSError as e:
+            if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+            raise outputs.OutputTaken(out, "--out") from None  # files were put in it meanwhile
+    try:
+        outputs.rename_new(tmp, out)
+    except FileExistsError:
+        raise outputs.OutputTaken(out, "--out") from None
 
 
 def export(
@@ -359,7 +390,7 @@ def export(
 
     path, out = Path(path), Path(out)
     check_weights(weights)
-    check_out_dir(out)
+    replaces = check_out_dir(out)
     if onnx:
         require_onnx()
     model, cfg, state = load_model(path, "cpu", weights, need_head=not encoder_only)
@@ -367,5 +398,5 @@ def export(
     if encoder_only:
         drop_prediction_head(model)
     meta = export_metadata(cfg, kind, encoder_only, record, path)
-    files = write_export(model, cfg, meta, out, onnx)
+    files = write_export(model, cfg, meta, out, onnx, replaces)
     return {"out": str(out), "weights": kind, "encoder_only": encoder_only, "files": [f.name for f in files]}
