@@ -162,12 +162,6 @@ def classifier_refused(files: model_files.ModelFiles) -> UserError:
     )
 
 
-def reject_task_checkpoint(state: dict[str, Any], path: Path) -> None:
-    """A fine-tuned classifier's checkpoint is no masked-patch model: one line that says so."""
-    if state.get("task") == model_files.CHECKPOINT_TASK:
-        raise classifier_refused(model_files.ModelFiles(Path(path), "checkpoint", model_files.CLASSIFIER, state))
-
-
 def model_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """The config of a checkpoint or an export dir, `overrides` applied (count-params)."""
     return model_files.open_model_files(path).config_with(overrides)
