@@ -1,13 +1,25 @@
-"""Every file vitmask writes outside a checkpoint's own logic goes through here: checked, atomic.
+"""Every file vitmask writes outside a checkpoint's own logic goes through here: checked, atomic,
+never over a file nobody asked to replace.
 
-`check_out_file` vets an output path before any work is done (a folder, a missing folder, a
-regular file where a folder is needed, a device or FIFO, the wrong suffix, a loop of symbolic
-links, an input it would overwrite, a file of the dataset's folder; links followed), so a
-long eval never ends in an unwritable path and never writes over what it reads. `write_atomically` writes to a temp
-file beside the target, flushes it to disk, then `os.replace`s it over the target: a crash, a
-signal or a full disk mid-write leaves the old file (or none), never a 0-byte or partial one, and
-the temp file is removed on any failure. The temp file is created afresh with O_EXCL and
-O_NOFOLLOW (`open_new`), so a symbolic link planted under its name is never written through.
+`check_out_file` vets an output path before any work is done (a folder, a regular file where a
+folder is needed, a device or FIFO, the wrong suffix, a loop of symbolic links, an input it would
+overwrite, a file of the dataset's folder; links followed), so a long eval never ends in an
+unwritable path and never writes over what it reads. `write_atomically` writes to a temp file
+beside the target, flushes it to disk, then moves it into place: a crash, a signal or a full disk
+mid-write leaves the old file (or none), never a 0-byte or partial one, and the temp file is
+removed on any failure. The temp file is created afresh with O_EXCL and O_NOFOLLOW (`open_new`),
+so a symbolic link planted under its name is never written through.
+
+**No output replaces a file the user did not ask to replace.** The last step of every write is
+told what it may replace (`replaces`): nothing (a new file: `rename_new`, which fails when
+anything stands at the path, a file, a folder or a link, even one that appeared a moment before);
+the very file the user named when the command started (`file_id`, compared again at the end); or,
+for a run dir's own files under its lock, whatever is there (`REPLACE_ANY`). A command that loses
+such a race ends in one line (`OutputTaken`) and leaves what it found.
+
+**Missing folders.** Every verb that writes makes the missing folders above its output, as
+`mkdir -p` would, and removes the ones it made when it fails (`missing_folders_made`, or
+`make_folder=True`), so a failed command leaves no empty folders behind.
 
 A failed write raises `WriteError`, a `UserError` that says in one line what failed and why (the
 disk is full, the file system is read-only, permission denied, ...) and keeps the `errno`, so a
@@ -15,12 +27,14 @@ caller with more context (the trainer: which checkpoint survived) can say more.
 """
 
 import contextlib
+import ctypes
 import errno
 import os
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, NamedTuple
 
 from vitmask.errors import UserError
 
@@ -105,41 +119,180 @@ def missing_folders_made(path: Path):
         raise
 
 
-def temp_path(path: Path) -> Path:
-    """The temp file beside `path` that an atomic write goes through: hidden, per process, and
-    ending in the target's suffix (so a library that picks a format by the name picks the right one)."""
-    return path.with_name(f".{path.name}.tmp-{os.getpid()}{path.suffix}")
+def temp_path(path: Path, n: int = 0) -> Path:
+    """The temp file beside `path` that an atomic write goes through: hidden, per process (and per
+    write under way in it: `n`), and ending in the target's suffix (so a library that picks a format
+    by the name picks the right one)."""
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}{f'-{n}' if n else ''}{path.suffix}")
+
+
+_temps_in_use: set[Path] = set()
+_temps_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def temp_file_name(path: Path):
+    """A temp name beside `path` that no other write of this process is using now (two threads, or
+    a write inside another, writing the same target each get their own)."""
+    with _temps_lock:
+        n = 0
+        while temp_path(path, n) in _temps_in_use:
+            n += 1
+        tmp = temp_path(path, n)
+        _temps_in_use.add(tmp)
+    try:
+        yield tmp
+    finally:
+        with _temps_lock:
+            _temps_in_use.discard(tmp)
+
+
+# ---- the last step: what it may replace ------------------------------------------------------------
+class FileId(NamedTuple):
+    """Which file stands at a path (its device and inode, links not followed)."""
+
+    device: int
+    inode: int
+
+
+REPLACE_ANY = "any"  # a run dir's own files (checkpoints, config.yaml), written under the run dir's lock
+Replaces = FileId | str | None  # None: the output must be new
+
+
+def file_id(path: str | Path) -> FileId | None:
+    """The file (or folder, or link) at `path` now, or None when nothing is there: taken when a
+    command starts, it is the file the user named, which the command may replace at its end."""
+    try:
+        st = os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return FileId(st.st_dev, st.st_ino)
+
+
+class OutputTaken(UserError):
+    """Something that the command may not replace stood at its output path when the result was to be
+    moved there (it appeared, or was swapped, while the command ran)."""
+
+    def __init__(self, path: Path, what: str = ""):
+        label = f"{what} {path}" if what else str(path)
+        super().__init__(
+            f"{label} was created or changed by someone else while this command ran, so it is left as it is "
+            "and this command's result was not written; run the command again (with a new path if need be)"
+        )
+        self.path = path
+
+
+RENAME_NOREPLACE = 1  # renameat2's flag: fail with EEXIST rather than replace
+AT_FDCWD = -100
+_renameat2_fn = None
+
+
+def _renameat2(src: Path, dst: Path) -> int:
+    """renameat2(src, dst, RENAME_NOREPLACE): 0, or the errno; ENOSYS where the C library lacks it."""
+    global _renameat2_fn
+    if _renameat2_fn is None:
+        try:
+            fn = ctypes.CDLL(None, use_errno=True).renameat2
+            fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+            fn.restype = ctypes.c_int
+        except (OSError, AttributeError):  # not glibc 2.28+ (or not Linux)
+            fn = False
+        _renameat2_fn = fn
+    if not _renameat2_fn:
+        return errno.ENOSYS
+    if _renameat2_fn(AT_FDCWD, os.fsencode(src), AT_FDCWD, os.fsencode(dst), RENAME_NOREPLACE) == 0:
+        return 0
+    return ctypes.get_errno()
+
+
+NOT_SUPPORTED = {errno.ENOSYS, errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EPERM}
+
+
+def rename_new(src: str | Path, dst: str | Path) -> None:
+    """Move the file or folder `src` to `dst` only when nothing stands at `dst` (a file, a folder,
+    an empty folder, a link, a dangling link): FileExistsError otherwise, and `dst` is untouched.
+
+    One atomic renameat2(RENAME_NOREPLACE) where the kernel and the file system take it (Linux);
+    elsewhere a file is hard-linked to `dst` (link() never replaces) and `src` unlinked, or, where
+    the file system has no hard links, `dst` is first created empty with O_EXCL and then replaced;
+    a folder, which cannot be linked, is renamed after a last look at `dst`.
+    """
+    src, dst = Path(src), Path(dst)
+    err = _renameat2(src, dst)
+    if err == 0:
+        return
+    if err not in NOT_SUPPORTED:
+        raise OSError(err, os.strerror(err), str(dst))
+    if src.is_dir() and not src.is_symlink():
+        if os.path.lexists(dst):
+            raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(dst))
+        os.rename(src, dst)
+        return
+    try:
+        os.link(src, dst, follow_symlinks=False)
+    except FileExistsError:
+        raise
+    except OSError as e:
+        if e.errno not in NOT_SUPPORTED | {errno.EMLINK, errno.EXDEV}:
+            raise
+        os.close(os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NO_FOLLOW, 0o666))  # FileExistsError
+        os.replace(src, dst)
+        return
+    os.unlink(src)
+
+
+def place(tmp: Path, path: Path, replaces: Replaces, what: str = "") -> None:
+    """The last step of a write: move the finished `tmp` to `path`, replacing only what `replaces`
+    allows (module docstring); `OutputTaken` when something else stands there."""
+    if replaces == REPLACE_ANY:
+        os.replace(tmp, path)
+        return
+    if replaces is not None and file_id(path) == replaces:  # the file the user named, still there
+        os.replace(tmp, path)
+        return
+    try:
+        rename_new(tmp, path)
+    except FileExistsError:
+        raise OutputTaken(path, what) from None
 
 
 def write_atomically(
-    path: str | Path, write: Callable[[BinaryIO], None], what: str = "", make_folder: bool = False
+    path: str | Path,
+    write: Callable[[BinaryIO], None],
+    what: str = "",
+    make_folder: bool = True,
+    replaces: Replaces = None,
 ) -> Path:
-    """Call `write(f)` on a temp file beside `path`, fsync it, and move it over `path`.
+    """Call `write(f)` on a temp file beside `path`, fsync it, and move it to `path`, replacing only
+    what `replaces` allows: None (the default), nothing, `path` must be new; a `FileId`, that file
+    (the one the user named when the command started); `REPLACE_ANY`, whatever is there.
 
     On any failure the temp file is removed and `path` is as it was; an OSError (also one that a
-    library wrapped in another exception) becomes a one-line `WriteError`. With `make_folder`, the
-    missing folders of `path` are created first.
+    library wrapped in another exception) becomes a one-line `WriteError`, something else standing
+    at `path` an `OutputTaken`. With `make_folder` (the default), the missing folders of `path` are
+    created first, and removed again when the write fails.
     """
     path = Path(path)
-    tmp = temp_path(path)
     try:
-        if make_folder:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        with open_new(tmp) as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        with missing_folders_made(path) if make_folder else contextlib.nullcontext(), temp_file_name(path) as tmp:
+            try:
+                with open_new(tmp) as f:
+                    write(f)
+                    f.flush()
+                    os.fsync(f.fileno())
+                place(tmp, path, replaces, what)
+            finally:
+                try:
+                    tmp.unlink(missing_ok=True)
+                except OSError:
+                    pass
     except Exception as e:
+        if isinstance(e, UserError):
+            raise
         cause = os_error_in(e)
         if cause is None:
             raise
         raise write_error(cause, path, what) from None
-    finally:
-        try:
-            tmp.unlink(missing_ok=True)
-        except OSError:
-            pass
     return path
 
 
@@ -154,12 +307,16 @@ def open_new(path: Path) -> BinaryIO:
     return open(path, "wb", opener=lambda p, _: os.open(p, flags, 0o666))  # keeps its name (a library reads it)
 
 
-def write_bytes(path: str | Path, data: bytes, what: str = "") -> Path:
-    return write_atomically(path, lambda f: f.write(data), what)
+def write_bytes(
+    path: str | Path, data: bytes, what: str = "", make_folder: bool = True, replaces: Replaces = None
+) -> Path:
+    return write_atomically(path, lambda f: f.write(data), what, make_folder, replaces)
 
 
-def write_text(path: str | Path, text: str, what: str = "") -> Path:
-    return write_bytes(path, text.encode(), what)
+def write_text(
+    path: str | Path, text: str, what: str = "", make_folder: bool = True, replaces: Replaces = None
+) -> Path:
+    return write_bytes(path, text.encode(), what, make_folder, replaces)
 
 
 def check_out_file(
@@ -167,7 +324,7 @@ def check_out_file(
     flag: str = "--out",
     suffixes: tuple[str, ...] = (".png",),
     inputs: tuple[str | Path | None, ...] = (),
-    make_folder: bool = False,
+    make_folder: bool = True,
     input_folders: tuple[str | Path | None, ...] = (),
 ) -> Path:
     """Refuse an output path that cannot or must not be written, before any work is done.

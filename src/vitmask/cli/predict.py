@@ -3,7 +3,9 @@
 Every check comes before the model is loaded or an image read (the output path, the input, the
 flags); the classifier is `inference.classifier.ImageClassifier`, the one `vitmask.load_classifier`
 gives, so the file holds what Python computes for the same images. The records are written at the
-end, atomically: a run stopped by bad input (an image that cannot be read) or a signal leaves no file.
+end, atomically, into the missing folders of `--out` made then: a run stopped by bad input (an
+image that cannot be read, a damaged block of a pack) or a signal leaves no file and no folder,
+and a file that appeared at `--out` meanwhile is left as it is (inference/predictions.py).
 `fit` (--fit) fits images of another size by that choice instead of the model's data.fit; each
 record then names it (`fit`: the CSV's last column, a JSON record's entry).
 """

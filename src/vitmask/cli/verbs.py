@@ -40,7 +40,15 @@ from vitmask.inference.classifier import BATCH, ImageClassifier
 from vitmask.model.memory_estimate import check_fits, check_model_fits
 from vitmask.model.params import ParamRow, param_rows
 from vitmask.model.vit import build_model
-from vitmask.outputs import check_not_a_link_loop, check_out_file, reason, write_atomically, write_text
+from vitmask.outputs import (
+    REPLACE_ANY,
+    check_not_a_link_loop,
+    check_out_file,
+    file_id,
+    reason,
+    write_atomically,
+    write_text,
+)
 from vitmask.pretrained import check_data, resolve_model_path
 from vitmask.runtime import distributed
 from vitmask.runtime.memory import is_out_of_memory, out_of_memory
@@ -128,7 +136,7 @@ def run_plan(
         elif plan.init is not None and world.main:
             print(f"starting a new run in {run_dir} from {plan.init.describe()}", flush=True)
         if world.main:
-            write_text(run_dir / "config.yaml", dump_config(cfg), "config")
+            write_text(run_dir / "config.yaml", dump_config(cfg), "config", make_folder=False, replaces=REPLACE_ANY)
         val = trainer.fit(run_dir)
         trainer.close()
         return val
@@ -336,8 +344,10 @@ def evaluate_classifier(
     matrix; with `confusion`, its picture as a PNG. Logits as `vitmask.load_classifier` computes them."""
     if split not in ("val", "test"):
         raise UserError(f"unknown split '{split}' for a classifier; use val or test (it was fine-tuned on train)")
+    replaces = None
     if confusion is not None:
         check_out_file(confusion, "--confusion", inputs=(path,))
+        replaces = file_id(confusion)  # the file given, if any: the only one the picture may replace
     device = resolve_device(device_name)
     classifier = ImageClassifier(classifiers.load_classifier_model(path, device, weights))
     cfg, classes = classifier.config, classifier.classes
@@ -364,7 +374,7 @@ def evaluate_classifier(
     report["confusion_png"] = None
     if confusion is not None:
         picture = confusion_image(counts, classes.names)
-        write_atomically(confusion, lambda f: picture.save(f, format="PNG"), "--confusion")
+        write_atomically(confusion, lambda f: picture.save(f, format="PNG"), "--confusion", replaces=replaces)
         report["confusion_png"] = str(confusion)
     return report
 
@@ -413,6 +423,7 @@ def reconstruct(
         check_ratio(ratio)
     check_grid_count(n, "--n", "images")
     check_out_file(out, inputs=(path,))
+    replaces = file_id(out)  # the file given, if any: the only one the grid may replace
     model, cfg, device = open_model(path, device_name, seed, weights)
     check_out_file(out, **data_inputs(cfg))
     images = load_data(cfg, device)[split][:n].to(device)
@@ -421,7 +432,7 @@ def reconstruct(
     with torch.inference_mode():
         pred = model(batch.patches, batch.mask).argmax(-1)  # (n, N)
     grid = reconstruction_grid(images, batch.mask, pred, cfg.data.patch_size)
-    write_atomically(out, lambda f: save_grid(grid, f, scale=4), "--out")
+    write_atomically(out, lambda f: save_grid(grid, f, scale=4), "--out", replaces=replaces)
     return out
 
 
@@ -456,6 +467,7 @@ def inpaint(
     if mask_path is not None:
         check_not_a_link_loop(mask_path, "--mask")
     check_out_file(out, inputs=(image, mask_path, path))
+    replaces = file_id(out)  # the file given, if any: the only one the result may replace
     model, cfg, _ = open_model(path, device_name, seed, weights, loads_data=False)
     data = cfg.data
     gray = load_image_file(image)  # (h, w) uint8
@@ -466,12 +478,12 @@ def inpaint(
     mask = pixels_to_patches(pix, data.patch_size)  # (N,)
     filled = fill_image(model, picture[0], mask, data.patch_size, options, seed, samples)  # (K, S, S)
     if samples == 1:
-        write_atomically(out, lambda f: save_binary_image(filled[0], f), "--out")
+        write_atomically(out, lambda f: save_binary_image(filled[0], f), "--out", replaces=replaces)
     else:  # the input with its hole grey, then the completions
         tiles = torch.cat([picture.to(filled.device), filled])  # (K + 1, S, S)
         hole = torch.cat([mask.unsqueeze(0), torch.zeros(samples, len(mask), dtype=torch.bool)])  # (K + 1, N)
         grid = image_grid(tiles, min(samples + 1, 8), hole, data.patch_size)  # the hole grey on the input only
-        write_atomically(out, lambda f: save_grid(grid, f, scale=4), "--out")
+        write_atomically(out, lambda f: save_grid(grid, f, scale=4), "--out", replaces=replaces)
     return {
         "out": str(out),
         "filled_patches": int(mask.sum()),
@@ -497,11 +509,12 @@ def sample(
     check_grid_count(n, "--n", "images")
     options = DecodeOptions(steps, temperature, order, choice_temperature)  # checks every value
     check_out_file(out, inputs=(path,))
+    replaces = file_id(out)  # the file given, if any: the only one the grid may replace
     model, cfg, device = open_model(path, device_name, seed, weights, loads_data=False)
     data = cfg.data
     images = sample_from_seed(model, n, data.image_size, data.patch_size, options, seed, device)  # (n, S, S)
     grid = image_grid(images, math.ceil(math.sqrt(n)))
-    write_atomically(out, lambda f: save_grid(grid, f, scale=3), "--out")
+    write_atomically(out, lambda f: save_grid(grid, f, scale=3), "--out", replaces=replaces)
     return {"out": str(out), "n": n, "image_size": data.image_size, "steps": steps, "temperature": temperature}
 
 
@@ -554,9 +567,10 @@ def preview(config: Path | None, overrides: list[str], out: Path, count: int, se
         count = MAX_GRID_IMAGES
     check_seed(seed, "--seed")
     inputs = data_inputs(cfg)
-    check_out_file(out, make_folder=True, inputs=(*inputs["inputs"], config), input_folders=inputs["input_folders"])
+    check_out_file(out, inputs=(*inputs["inputs"], config), input_folders=inputs["input_folders"])
+    replaces = file_id(out)  # the file given, if any: the only one the preview may replace
     check_fits(cfg, torch.device("cpu"), training=False, what="loading the data of")
-    stats = write_preview(load_splits(cfg), cfg, out, count, seed)
+    stats = write_preview(load_splits(cfg), cfg, out, count, seed, replaces)
     return format_stats(stats, cfg)
 
 

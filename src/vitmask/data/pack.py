@@ -8,13 +8,16 @@ training, then packed chunk by chunk. The train/val/test split is the one traini
 would make (`sources.split_plan`, the config's split seed and fractions), stored as row numbers, so
 a packed dataset trains on the same images in the same order as its source.
 
-Everything is written into a hidden temporary directory beside `--out` and renamed onto it only
-when complete: an interrupted pack (a signal, a kill, a full disk) never leaves a directory that
-looks whole, and a stop by SIGINT or SIGTERM (`errors.Stopped`) removes the temporary directory
-before the process ends (the renames and the removals run with both signals held back, so a
-signal cannot land between them). An `--out` that is a symbolic link to a pack (or to an empty
-folder) is packed where the link points; the link stays. The same inputs and config give the
-same bytes (no times, sorted JSON keys).
+Everything is written into a hidden temporary directory beside `--out` and moved onto it only
+when complete, and only over the pack (or empty folder) that `--out` named when the pack began:
+anything else found there at the end (a file, a folder or a link that appeared meanwhile) is left
+as it is, in one line (outputs.py). An interrupted pack (a signal, a kill, a full disk) never
+leaves a directory that looks whole, and a stop by SIGINT or SIGTERM (`errors.Stopped`) removes
+the temporary directory before the process ends (the renames and the removals run with both
+signals held back, so a signal cannot land between them). An `--out` that is a symbolic link to a
+pack (or to an empty folder) is packed where the link points; the link stays. The missing folders
+above `--out` are made, and removed again when the pack fails. The same inputs and config give
+the same bytes (no times, sorted JSON keys).
 
 The checksums (packed.py): the rows' SHA-256 and each block's CRC-32 are computed from the bytes
 as they are written; `packed.seal` adds the SHA-256 of the other files and of the header.
@@ -32,6 +35,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from vitmask import outputs
 from vitmask.config import Config
 from vitmask.data import shapes, sources
 from vitmask.data.packed import (
@@ -48,7 +52,7 @@ from vitmask.data.packed import (
 )
 from vitmask.data.preprocess import binarize_images, binarize_list
 from vitmask.errors import UserError
-from vitmask.outputs import missing_folders_made, nearest_folder, reason
+from vitmask.outputs import FileId, OutputTaken, missing_folders_made, nearest_folder, reason
 from vitmask.signals import signals_held
 
 CHUNK = 1 << 16  # images binarized and packed at a time
@@ -205,11 +209,12 @@ def pack(cfg: Config, out: str | Path, progress: bool = True) -> dict:
     check_out(given)
     out = target_of(given)
     check_out(out)
+    replaces = outputs.file_id(out)  # the pack or empty folder given, if any: the only thing the pack may replace
     with missing_folders_made(out):
-        return _pack(cfg, given, out, progress)
+        return _pack(cfg, given, out, progress, replaces)
 
 
-def _pack(cfg: Config, given: Path, out: Path, progress: bool) -> dict:
+def _pack(cfg: Config, given: Path, out: Path, progress: bool, replaces: FileId | None) -> dict:
     """pack's work, once `out`'s folder exists: the rows into a temp dir beside `out`, renamed into place."""
     d = cfg.data
     seed = cfg.split_seed
@@ -255,7 +260,7 @@ def _pack(cfg: Config, given: Path, out: Path, progress: bool) -> dict:
         header = seal(header, tmp)
         (tmp / HEADER).write_text(json.dumps(header, indent=1, sort_keys=True) + "\n")
         with signals_held():
-            _replace(tmp, out)
+            _replace(tmp, out, replaces)
         return header
     except OSError as e:
         raise UserError(
@@ -267,19 +272,30 @@ def _pack(cfg: Config, given: Path, out: Path, progress: bool) -> dict:
                 shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _replace(tmp: Path, out: Path) -> None:
-    """Move the finished `tmp` onto `out` (a real path, not a link); an old pack (or empty folder)
-    there is moved aside first and then removed."""
+def _replace(tmp: Path, out: Path, replaces: FileId | None) -> None:
+    """Move the finished `tmp` onto `out` (a real path, not a link). The pack or empty folder that
+    stood there when the pack began (`replaces`), if it is still there and still one, is moved aside
+    first and then removed; anything else at `out` (a file, a folder, a link that appeared, or a
+    pack swapped for something else) is left as it is (`OutputTaken`)."""
     old = None
-    if out.exists():
+    if os.path.lexists(out):
+        if replaces is None or outputs.file_id(out) != replaces or not (is_packed_dir(out) or _empty_dir(out)):
+            raise OutputTaken(out, "--out")
         old = out.parent / f".{out.name}.replaced-{os.getpid()}"
         os.rename(out, old)
     try:
-        os.rename(tmp, out)
-    except OSError:
+        outputs.rename_new(tmp, out)
+    except OSError as e:
         if old is not None:
-            os.rename(old, out)
+            with contextlib.suppress(OSError):
+                outputs.rename_new(old, out)
+        if isinstance(e, FileExistsError):
+            raise OutputTaken(out, "--out") from None
         raise
     if old is not None:
         with contextlib.suppress(OSError):
             shutil.rmtree(old)
+
+
+def _empty_dir(path: Path) -> bool:
+    return path.is_dir() and not path.is_symlink() and not any(path.iterdir())

@@ -21,7 +21,7 @@ from vitmask.data.batches import SPLITS, eval_batches
 from vitmask.data.masking import num_masked
 from vitmask.data.patches import class_counts, patch_label, patch_mask_to_pixels
 from vitmask.errors import UserError, warn
-from vitmask.outputs import write_atomically
+from vitmask.outputs import Replaces, write_atomically
 
 MASK_TINT = torch.tensor([0.2, 0.45, 1.0])  # masked patches: the pixel's gray level blended with this
 PAD = 2  # pixels between grid cells (make_grid's padding)
@@ -135,8 +135,11 @@ def preview_grid(images: torch.Tensor, cfg: Config, seed: int, per_row: int = 8,
     return make_grid(cells, nrow=per_row, padding=PAD, pad_value=0.5)
 
 
-def write_preview(splits: dict[str, torch.Tensor], cfg: Config, out: Path, count: int, seed: int) -> dict:
-    """Write the grid of `count` seeded random training images to `out` (a .png); return the stats (and
+def write_preview(
+    splits: dict[str, torch.Tensor], cfg: Config, out: Path, count: int, seed: int, replaces: Replaces = None
+) -> dict:
+    """Write the grid of `count` seeded random training images to `out` (a .png; its missing folders
+    made; `replaces`: the file it may replace, outputs.write_atomically); return the stats (and
     warn when many images are blank or nearly blank)."""
     if out.suffix.lower() != ".png":
         raise UserError(f"--out {out} must be a .png file, e.g. --out preview.png")
@@ -147,7 +150,7 @@ def write_preview(splits: dict[str, torch.Tensor], cfg: Config, out: Path, count
         warn(f"--count {count} is more than the {len(train)} training images; showing all {len(train)}")
     pick = torch.randperm(len(train), generator=torch.Generator().manual_seed(seed))[:count]
     grid = preview_grid(train[pick], cfg, seed, per_row=min(8, count))
-    write_atomically(out, lambda f: save_image(grid, f), "--out", make_folder=True)
+    write_atomically(out, lambda f: save_image(grid, f), "--out", replaces=replaces)
     stats = dataset_stats(splits, cfg)
     warn_if_blank(stats, cfg)
     return stats

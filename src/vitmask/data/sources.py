@@ -356,6 +356,15 @@ def folder_labels(roots: dict[str, Path], kept: dict[str, list[Path]]) -> Labels
 
 
 # ---- npz ------------------------------------------------------------------------------------------
+def refuse_single_array(path: Path, label: str, fix: str) -> None:
+    """Refuse, in one line, a file in .npy format (one array, whatever the file's name) where an .npz
+    archive is read (np.load would return the array, not an archive): data.source npz and `vitmask
+    predict --input`. `label` names the file as the command does; `fix` is what to do instead."""
+    with open(path, "rb") as f:
+        if f.read(6) == b"\x93NUMPY":
+            raise UserError(f"{label} is a single NumPy array (.npy), not an .npz archive; {fix}")
+
+
 def read_npz(cfg: DataConfig) -> tuple[dict[str, Raw], Labels]:
     """The array data.npz_key of the NumPy archive data.path; split by fractions. Labels: the array
     data.npz_labels_key of the same archive (see `npz_labels`)."""
@@ -365,12 +374,7 @@ def read_npz(cfg: DataConfig) -> tuple[dict[str, Raw], Labels]:
 
     path = _existing(cfg.path, "a .npz file holding an image array")
     try:
-        with open(path, "rb") as f:
-            if f.read(6) == b"\x93NUMPY":  # one array in .npy format, whatever the file's name
-                raise UserError(
-                    f"{path} is a single NumPy array (.npy), not an .npz archive; set data.source: npy to read it, "
-                    "or save the images with numpy.savez"
-                )
+        refuse_single_array(path, str(path), "set data.source: npy to read it, or save the images with numpy.savez")
         with np.load(path, allow_pickle=False) as archive:
             if not hasattr(archive, "files"):
                 raise ValueError("a single array, not an archive")

@@ -7,9 +7,15 @@ images of the split with that pair; per-class accuracy is a row's diagonal over 
 to dark blue (every image of the row) by the row's share, `confusion_colour`; with room, each
 cell shows its count and the axes the class names (rows: true, columns: predicted).
 
+Class names may hold anything a folder name can (`shown_name`): the picture and the text report
+show each on one line, its control characters (a line break, a tab, a right-to-left override) and
+the undecodable bytes of a file name as visible escapes (\\n, \\u202e, \\xff), an empty name as
+'', a long one cut to fit with an ellipsis; the JSON report keeps every name whole.
+
 Shapes: n images, L classes.
 """
 
+import unicodedata
 from dataclasses import dataclass
 
 import torch
@@ -22,6 +28,30 @@ NAMED_CELL = 12  # cells at least this wide get class names on the axes
 COUNTED_CELL = 24  # cells at least this wide show their count
 NAME_MARGIN = 96  # pixels left of the rows and above the columns for the names
 PLAIN_MARGIN = 4
+MAX_SHOWN = 64  # characters of a class name the picture measures at most (its margin shows fewer)
+TABLE_NAME = 19  # characters of a class name in the text report's table
+HIDDEN = {"Cc", "Cf", "Cs", "Co", "Zl", "Zp"}  # control, format, surrogate, private use, line/paragraph breaks
+
+
+def shown_name(name: str, limit: int = MAX_SHOWN) -> str:
+    """A class name as one line to draw or print: each control or format character (a line break, a
+    tab, a right-to-left override, ...) as its escape (\\n, \\t, \\u202e), each undecodable byte of a
+    file name (a lone surrogate U+DC80..U+DCFF) as \\xNN, an empty name as ''; at most `limit`
+    characters, a longer one cut with "..."."""
+    parts, length = [], 0
+    for c in name[: limit + 1]:  # a name of a million characters is not walked whole
+        if "\udc80" <= c <= "\udcff":
+            c = f"\\x{ord(c) - 0xDC00:02x}"
+        elif unicodedata.category(c) in HIDDEN:
+            c = c.encode("unicode_escape", "backslashreplace").decode("ascii")
+        parts.append(c)
+        length += len(c)
+        if length > limit:
+            break
+    text = "".join(parts)
+    if len(text) > limit or len(name) > limit:
+        text = text[: max(limit - 3, 0)] + "..."
+    return text or "''"
 
 
 def confusion_matrix(pred: torch.Tensor, target: torch.Tensor, num_classes: int) -> torch.Tensor:
@@ -62,13 +92,14 @@ def format_classifier_report(report: dict) -> str:
     lines = [
         f"classifier {report['checkpoint']} ({report['weights']} weights) on {report['split']} "
         f"({report['images']:,} images, {len(report['per_class'])} classes)",
-        f"accuracy {report['accuracy']:.4f}  (majority class {report['majority_class']}: {report['majority_acc']:.4f})",
+        f"accuracy {report['accuracy']:.4f}  (majority class {shown_name(report['majority_class'])}: "
+        f"{report['majority_acc']:.4f})",
         "",
         f"  {'class':<20}{'images':>8}{'correct':>9}{'accuracy':>10}",
     ]
     for row in report["per_class"]:
         acc = "-" if row["images"] == 0 else f"{row['accuracy']:.4f}"
-        lines.append(f"  {row['name'][:19]:<20}{row['images']:>8,}{row['correct']:>9,}{acc:>10}")
+        lines.append(f"  {shown_name(row['name'], TABLE_NAME):<20}{row['images']:>8,}{row['correct']:>9,}{acc:>10}")
     if report.get("confusion_png"):
         lines += ["", f"wrote the confusion matrix to {report['confusion_png']} (rows: true class, columns: predicted)"]
     return "\n".join(lines)
@@ -128,7 +159,7 @@ def confusion_image(confusion: torch.Tensor, names: list[str]):
     if layout.cell >= NAMED_CELL:
         width = NAME_MARGIN - 8
         for k, name in enumerate(names):
-            text = fit_text(draw, name, font, width)
+            text = fit_text(draw, shown_name(name), font, width)
             x0, y0, _, y1 = layout.box(k, 0)
             draw.text((layout.left - 4, (y0 + y1) / 2), text, fill=(0, 0, 0), font=font, anchor="rm")
             column = Image.new("RGB", (width, layout.cell), WHITE)  # the column's name, turned upright

@@ -8,7 +8,12 @@
   each image named by its index;
 - a pack dir (`vitmask pack`): all its rows in order, or one split (`--split`), each image named by
   its index (the row, or the place in the split). Its images were binarized when it was packed,
-  so its image size, threshold, invert and fit must be the model's.
+  so its image size, threshold, invert and fit must be the model's. It gets every check a
+  training run's pack gets: the open checks, then each block of rows against its CRC-32 the first
+  time one of its rows is read, whole pack or split (a damaged block is one line, nothing written).
+
+A file in .npy format (one array) given as an .npz is refused in one line, as data.source npz
+refuses it (`sources.refuse_single_array`).
 
 Every image goes through the model's processor (data/processor.py), the preprocessing it was trained
 with, a batch at a time; a pack's rows are unpacked a batch at a time. `open_input` checks the path
@@ -27,7 +32,7 @@ import torch
 
 from vitmask.data import packed
 from vitmask.data.processor import ImageProcessor
-from vitmask.data.sources import IMAGE_SUFFIXES, read_npz
+from vitmask.data.sources import IMAGE_SUFFIXES, read_npz, refuse_single_array
 from vitmask.errors import UserError
 
 SPLITS = ("train", "val", "test")
@@ -44,11 +49,12 @@ class ImageInput:
     split: str | None = None
     files: list[Path] = field(default_factory=list)  # image, folder: the files, in order
     npz_key: str = "images"
+    pack: packed.PackedDataset | None = None  # pack: the opened pack (its open checks passed)
 
     def check(self, processor: ImageProcessor) -> None:
         """Refuse an input the model cannot read as it was trained (a pack binarized otherwise)."""
-        if self.kind == "pack":
-            check_pack_matches(packed.open_packed(self.path), processor)
+        if self.pack is not None:
+            check_pack_matches(self.pack, processor)
 
     def batches(self, processor: ImageProcessor, size: int) -> Iterator[tuple[list[str], torch.Tensor]]:
         """(names, (b, S, S) uint8 0/1 pixels) of `size` images at a time, in order."""
@@ -73,12 +79,14 @@ class ImageInput:
             )
 
     def _pack_batches(self, processor: ImageProcessor, size: int):
-        ds = packed.open_packed(self.path)
-        images = (
-            ds.split(self.split)
-            if self.split
-            else packed.PackedImages(ds.rows, (0, len(ds.rows)), ds.height, ds.width, torch.device("cpu"))
-        )
+        """A pack's rows a batch at a time, each block of rows checked against its CRC-32 the first
+        time one of its rows is read (packed.BlockCheck: a damaged block is one line, DamagedRows)."""
+        ds = self.pack
+        cpu = torch.device("cpu")
+        if self.split:
+            images = ds.split(self.split)
+        else:
+            images = packed.PackedImages(ds.rows, (0, len(ds.rows)), ds.height, ds.width, cpu, ds.check)
         for start in range(0, len(images), size):
             chunk = images[start : start + size]  # (b, S, S)
             yield [str(i) for i in range(start, start + len(chunk))], chunk
@@ -120,7 +128,7 @@ def open_input(path: Path, split: str | None = None, npz_key: str = "images") ->
     if path.is_dir() and packed.is_packed_dir(path):
         ds = packed.open_packed(path)
         count = len(ds.rows) if split is None else len(ds.split(split))
-        return ImageInput(path, "pack", count, split)
+        return ImageInput(path, "pack", count, split, pack=ds)
     if split is not None:
         raise UserError(
             f"--split picks a split of a pack dir (vitmask pack), and --input {path} is not one; leave --split out"
@@ -145,6 +153,7 @@ def npz_count(path: Path, key: str) -> int:
     import zipfile
 
     try:
+        refuse_single_array(path, f"--input {path}", "save the images in an archive with numpy.savez(path, images=...)")
         with np.load(path, allow_pickle=False) as archive:
             if not hasattr(archive, "files"):
                 raise ValueError("a single array, not an archive")

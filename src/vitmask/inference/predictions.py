@@ -1,4 +1,4 @@
-"""The file `vitmask predict --out FILE` writes: one record per image, its top-k classes and their
+r"""The file `vitmask predict --out FILE` writes: one record per image, its top-k classes and their
 probabilities, as CSV or JSON (by the suffix).
 
 - `.csv`: a header `name,class_1,probability_1,...,class_k,probability_k`, then one row per image;
@@ -9,12 +9,22 @@ With `--fit`, each record also names the fit applied: a last CSV column `fit`, a
 Names are the classifier's class names (a folder's class subfolders, a pack's classes, ...; the
 label values as text where the training data named none), likeliest first. Probabilities are
 written in full (Python's shortest round-trip form of each float32 value), so the file holds the
-same numbers as `ImageClassifier.predict`. The file is written atomically; an `--out` that exists
-is refused before any work, and nothing is overwritten.
+same numbers as `ImageClassifier.predict`.
+
+Every name (an image's, a class's) is written whole, whatever it holds: commas, quotes, line
+breaks, control characters, right-to-left text, an empty name. The CSV quotes a field that holds a
+comma, a quote, a carriage return or a line feed (RFC 4180: a quote doubled inside), so Python's
+`csv` module (`open(path, newline="")`) reads back every name as it was; the JSON escapes as JSON
+does. Both files are UTF-8. A file name whose bytes are not UTF-8 (which Python holds with one
+`\udcNN` code per undecodable byte) is written escaped: in the JSON as those `\udcNN` escapes (so
+`os.fsencode(name)` gives back its bytes), in the CSV with each such byte as the four characters
+`\xNN`.
+
+The file is written atomically, its missing folders made; an `--out` that exists is refused before
+any work, and a file that appears there while predict runs is left as it is (outputs.py): nothing
+is ever overwritten.
 """
 
-import csv
-import io
 import json
 from pathlib import Path
 
@@ -42,18 +52,45 @@ def records(names: list[str], top: Predictions) -> list[dict]:
 
 
 def predictions_text(rows: list[dict], suffix: str, top_k: int) -> str:
-    """The records as the text of a .csv or .json file."""
+    """The records as the text of a .csv or .json file (module docstring: how names are written)."""
     if suffix == ".json":
-        return json.dumps(rows, indent=1) + "\n"
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
+        return json.dumps(rows, indent=1) + "\n"  # ASCII: every other character as a JSON escape
     extra = [k for k in ("fit",) if rows and k in rows[0]]  # --fit: the fit applied
-    pairs_header = (f"{kind}_{i}" for i in range(1, top_k + 1) for kind in ("class", "probability"))
-    writer.writerow(["name", *pairs_header, *extra])
+    header = ["name", *(f"{kind}_{i}" for i in range(1, top_k + 1) for kind in ("class", "probability")), *extra]
+    lines = [",".join(header)]
     for row in rows:
         pairs = [v for c, p in zip(row["classes"], row["probabilities"], strict=True) for v in (c, repr(p))]
-        writer.writerow([row["name"], *pairs, *(row[k] for k in extra)])
-    return buffer.getvalue()
+        lines.append(",".join(csv_field(v) for v in (row["name"], *pairs, *(row[k] for k in extra))))
+    return "".join(line + "\n" for line in lines)
+
+
+CSV_SPECIAL = (",", '"', "\r", "\n")
+
+
+def csv_field(text: str) -> str:
+    """One CSV field: `text` with each byte that is not UTF-8 as \\xNN (`utf8_text`), quoted when it
+    holds a comma, a quote, a carriage return or a line feed (a quote doubled inside). Python's csv
+    writer leaves a lone carriage return unquoted, which its reader then takes for a line end."""
+    text = utf8_text(text)
+    if any(c in text for c in CSV_SPECIAL):
+        return '"' + text.replace('"', '""') + '"'
+    return text
+
+
+def utf8_text(text: str) -> str:
+    """`text` as valid UTF-8 text: each byte of a file name that was not UTF-8 (held by Python as a
+    lone surrogate U+DC80..U+DCFF, os.fsdecode's surrogateescape) as the four characters \\xNN, and
+    any other lone surrogate as \\uXXXX; all else as it is."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return "".join(_escaped(c) if "\ud800" <= c <= "\udfff" else c for c in text)
+    return text
+
+
+def _escaped(surrogate: str) -> str:
+    code = ord(surrogate)
+    return f"\\x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"\\u{code:04x}"
 
 
 def write_predictions(out: Path, rows: list[dict], top_k: int) -> Path:

@@ -50,7 +50,7 @@ import torch
 from vitmask.config import Config, config_from_dict
 from vitmask.errors import UserError, warn
 from vitmask.model.vit import MaskedPatchViT, build_model
-from vitmask.outputs import check_not_a_link_loop, open_new, os_error_in, write_atomically, write_error
+from vitmask.outputs import REPLACE_ANY, check_not_a_link_loop, open_new, os_error_in, write_atomically, write_error
 
 FORMAT = "vitmask-checkpoint/1"
 COMPILE_PREFIX = "_orig_mod."  # what torch.compile's wrapper puts before every state-dict key
@@ -71,13 +71,19 @@ def save_checkpoint(state: dict[str, Any], path: str | Path) -> Path:
             "(the checkpoints already on disk are unchanged); lower train.lr, set train.grad_clip, or use "
             "train.precision=fp32"
         )
-    return write_atomically(path, lambda f: _save_with_checksum({"format": FORMAT, **state}, f), "checkpoint")
+    return _write(path, lambda f: _save_with_checksum({"format": FORMAT, **state}, f))
 
 
 def write_checkpoint_file(obj: dict[str, Any], path: str | Path) -> Path:
     """Write `obj` as it is (no checks, no format marker added), atomically and with its checksum:
     for tools and tests that build a checkpoint's dict by hand."""
-    return write_atomically(Path(path), lambda f: _save_with_checksum(obj, f), "checkpoint")
+    return _write(Path(path), lambda f: _save_with_checksum(obj, f))
+
+
+def _write(path: Path, write) -> Path:
+    """A checkpoint file, written atomically over whatever stood there: a run dir's own files
+    (step files, last.pt, best.pt) are replaced as the run goes, under the run dir's lock."""
+    return write_atomically(path, write, "checkpoint", make_folder=False, replaces=REPLACE_ANY)
 
 
 # ---- the checksum -----------------------------------------------------------------------------

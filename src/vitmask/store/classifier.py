@@ -21,9 +21,13 @@ that holds files is refused):
 - `model.onnx` with `--onnx` (onnx_export.py): `images` (B, S, S) 0/1 pixels in, `logits` (B, L) out.
 
 `load_classifier_model(PATH)` reads either (a checkpoint's EMA weights when it has them, unless
-`weights="raw"`), or a shipped classifier by name (vitmask/pretrained; an existing path wins),
-checks every file as export.py does, and refuses a masked-patch model in one line (fine-tune it
-first).
+`weights="raw"`) through model_files.py, the reader of every trained model's files (each file read
+once, checked as export.py's loader checks it, every weight entry a checkpoint holds checked to fit,
+the trained weights and the EMA's), refuses a masked-patch model in one line (fine-tune it first),
+and builds the classifier with its classes on top: a checkpoint's head of at least one row and its
+`labels` entry, an export's `classifier.classes`; label values are integers in int64, each once,
+and names any text. A shipped classifier's name reads its package folder
+(vitmask/pretrained; an existing path wins).
 
 Shapes: L label classes, S image side.
 """
@@ -35,24 +39,16 @@ from typing import Any, NamedTuple
 import torch
 
 from vitmask import __version__
-from vitmask.config import Config, config_from_dict, dump_config
+from vitmask.config import Config, dump_config
 from vitmask.errors import UserError
 from vitmask.evaluate.probe import feature_name
 from vitmask.model.classifier import Classifier, build_classifier
-from vitmask.pretrained import resolve_model_path
-from vitmask.store import checkpoint
+from vitmask.store import checkpoint, model_files
 from vitmask.store import export as exports
-from vitmask.store.export import (
-    BIT_ORDER,
-    CLASSIFIER_TASK,
-    CONFIG_FILE,
-    FORMAT,
-    ONNX_FILE,
-    WEIGHT_KINDS,
-    WEIGHTS_FILE,
-)
+from vitmask.store.export import BIT_ORDER, ONNX_FILE
+from vitmask.store.model_files import CLASSIFIER_TASK, CONFIG_FILE, FORMAT, WEIGHTS_FILE, check_weights
 
-CHECKPOINT_TASK = "finetune"  # a fine-tuning checkpoint's `task` (train/finetune.py)
+CHECKPOINT_TASK = model_files.CHECKPOINT_TASK  # a fine-tuning checkpoint's `task` (train/finetune.py)
 MAX_CARD_NAMES = 20  # classes named in the card's first paragraph; config.json names them all
 
 
@@ -81,24 +77,10 @@ class LoadedClassifier(NamedTuple):
 
 
 # ---- which file is a classifier ---------------------------------------------------------------------
-def checkpoint_task(path: Path) -> str | None:
-    """A .pt checkpoint's `task` ("finetune" for a classifier), read through a memory map (the tensors
-    are not read); None for a masked-patch checkpoint or a file that cannot be read (its loader says why)."""
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception:  # anything torch raises for a file that is not a safe checkpoint
-        return None
-    task = state.get("task") if isinstance(state, dict) else None
-    return task if isinstance(task, str) else None
-
-
 def is_classifier(path: str | Path) -> bool:
     """Whether `path` is a fine-tuned classifier: a fine-tuning checkpoint or a classifier's export dir
-    (or a shipped model's name: `resolve_model_path`, one line for a name that is neither)."""
-    path = resolve_model_path(path)
-    if exports.is_export_dir(path):
-        return exports.export_task(path) == CLASSIFIER_TASK
-    return path.is_file() and checkpoint_task(path) == CHECKPOINT_TASK
+    (read cheaply: an export's config.json, a checkpoint through a memory map)."""
+    return model_files.peek_task(path) == model_files.CLASSIFIER
 
 
 def not_a_classifier(path: Path) -> UserError:
@@ -114,36 +96,46 @@ def load_classifier_model(
     path: str | Path, device: torch.device | str = "cpu", weights: str | None = None, flag: str = "--weights"
 ) -> LoadedClassifier:
     """The classifier of a fine-tuning checkpoint or a classifier's export dir, in eval mode on `device`.
-    `weights` ema | raw picks a checkpoint's (default: the EMA's when it has them). `path` may name a
-    shipped classifier (`resolve_model_path`: an existing path wins)."""
-    path = resolve_model_path(path)
-    exports.check_weights(weights, flag)
-    if exports.is_export_dir(path):
-        loaded = load_classifier_export(path, weights, flag)
-    else:
-        loaded = load_classifier_checkpoint(path, weights, flag)
-    loaded.model.to(device).eval()
-    return loaded
-
-
-def load_classifier_checkpoint(path: Path, weights: str | None, flag: str) -> LoadedClassifier:
-    state = checkpoint.load_checkpoint(path)
-    if state.get("task") != CHECKPOINT_TASK:
+    `weights` ema | raw picks a checkpoint's (default: the EMA's when it has them). Each file is read
+    once (model_files.py), and every weight entry it holds is checked to fit the classifier."""
+    path = Path(path)
+    check_weights(weights, flag)
+    files = model_files.open_model_files(path)
+    if files.task != model_files.CLASSIFIER:
         raise not_a_classifier(path)
-    cfg = checkpoint.config_of(state, path)
-    chosen, kind = exports.checkpoint_weights(state, path, weights, flag)
-    head = chosen.get("head.weight")
+    kind = files.weights_kind(weights, flag)
+    cfg = files.config
+    state = files.entry(kind)
+    if files.is_export:
+        classes = export_classes(files.meta, path)
+        record = files.meta["training"]
+    else:
+        classes = checkpoint_classes(files.meta.get("labels"), head_rows(state, path), path)
+        record = checkpoint_record(files.meta, cfg)
+    model = new_classifier(cfg, len(classes))
+    files.load_into(model, state)
+    model.to(device).eval()
+    return LoadedClassifier(model, cfg, classes, kind, record)
+
+
+def head_rows(state: dict[str, torch.Tensor], path: Path) -> int:
+    """The classes of a checkpoint's classifier: the rows of its head's weight (at least one)."""
+    head = state.get("head.weight")
     if not torch.is_tensor(head) or head.dim() != 2:
         raise UserError(
             f"checkpoint {path} is damaged: its classifier has no head weights; {checkpoint.OTHER_CHECKPOINT}"
         )
-    classes = checkpoint_classes(state.get("labels"), head.shape[0])
-    model = new_classifier(cfg, len(classes))
-    try:
-        checkpoint.load_model_state(model, chosen)
-    except (RuntimeError, TypeError, ValueError) as e:  # entries of the right shape but not loadable
-        raise checkpoint.describe_load_failure(e, path) from None
-    record = {
+    if head.shape[0] < 1:
+        raise UserError(
+            f"checkpoint {path} is damaged: its classifier's head has {head.shape[0]} rows, so it has no class; "
+            f"{checkpoint.OTHER_CHECKPOINT}"
+        )
+    return head.shape[0]
+
+
+def checkpoint_record(state: dict[str, Any], cfg: Config) -> dict[str, Any]:
+    """The run a fine-tuning checkpoint comes from: step, run id, figures, the pretrained model."""
+    return {
         "step": state.get("step"),
         "run_id": state.get("run_id"),
         "val": state.get("val") if isinstance(state.get("val"), dict) else None,
@@ -151,23 +143,36 @@ def load_classifier_checkpoint(path: Path, weights: str | None, flag: str) -> Lo
         "pretrained": state.get("pretrained"),
         "ema_decay": cfg.train.ema_decay,
     }
-    return LoadedClassifier(model, cfg, classes, kind, record)
 
 
-def checkpoint_classes(entry: Any, count: int) -> ClassLabels:
-    """A checkpoint's `labels` entry as ClassLabels for `count` classes; a checkpoint without one (or
-    with one that does not fit) numbers its classes 0..count-1."""
-    if isinstance(entry, dict):
-        values, names = entry.get("values"), entry.get("names")
-        if (
-            isinstance(values, list)
-            and isinstance(names, list)
-            and len(values) == len(names) == count
-            and all(isinstance(v, int) for v in values)
-            and all(isinstance(n, str) for n in names)
-        ):
-            return ClassLabels(values, names)
-    return ClassLabels(list(range(count)), [str(i) for i in range(count)])
+def checkpoint_classes(entry: Any, count: int, path: Path | None = None) -> ClassLabels:
+    """A checkpoint's `labels` entry as ClassLabels for `count` classes (the head's rows); a checkpoint
+    without one numbers its classes 0..count-1. An entry that is there must fit (`check_classes`)."""
+    if entry is None:
+        return ClassLabels(list(range(count)), [str(i) for i in range(count)])
+    values = entry.get("values") if isinstance(entry, dict) else None
+    names = entry.get("names") if isinstance(entry, dict) else None
+    problem = check_classes(values, names, count)
+    if problem:
+        raise UserError(f"checkpoint {path} is damaged: its 'labels' entry {problem}; {checkpoint.OTHER_CHECKPOINT}")
+    return ClassLabels(values, names)
+
+
+def check_classes(values: Any, names: Any, count: int) -> str:
+    """What is wrong with a classifier's classes, or "": `count` label values, each an integer in int64
+    (not a bool) and each once, and `count` names, each a string (any string: see predictions.py)."""
+    if not isinstance(values, list) or not isinstance(names, list):
+        return "is not a list of label values and a list of names"
+    if len(values) != count or len(names) != count:
+        return f"holds {len(values)} label values and {len(names)} names for a head of {count} classes"
+    bad = next((v for v in values if not model_files.is_int64(v)), None)
+    if bad is not None:
+        return f"holds the label {str(bad)[:40]}, not an integer in [-2^63, 2^63 - 1]"
+    if len(set(values)) != len(values):
+        return "holds a label value twice"
+    if not all(isinstance(n, str) for n in names):
+        return "holds a class name that is not text"
+    return ""
 
 
 def new_classifier(cfg: Config, num_labels: int) -> Classifier:
@@ -177,63 +182,22 @@ def new_classifier(cfg: Config, num_labels: int) -> Classifier:
 
 
 def _bad(path: Path, what: str) -> UserError:
-    return UserError(
-        f"export dir {path}: {what}; export it again with vitmask export --checkpoint FINETUNED.pt --out DIR"
-    )
-
-
-def read_classifier_config(path: Path) -> dict[str, Any]:
-    """config.json of a classifier's export dir, checked: this format and task, with its entries."""
-    meta = exports.read_config_json(path)
-    if not isinstance(meta, dict) or meta.get("task") != CLASSIFIER_TASK:
-        raise not_a_classifier(path)
-    if meta.get("format") != FORMAT:
-        raise UserError(
-            f"export dir {path} was written by another version of vitmask (format {meta.get('format')}; this one "
-            f"reads {FORMAT}); use that version, or export again with this one"
-        )
-    for key, kind in (("training", dict), ("weights", str), ("sha256", dict), ("classifier", dict)):
-        if not isinstance(meta.get(key), kind):
-            raise _bad(path, f"{CONFIG_FILE} has no valid '{key}' entry")
-    if meta["weights"] not in WEIGHT_KINDS:
-        raise _bad(path, f"{CONFIG_FILE} names weights '{meta['weights'][:40]}' (not ema or raw)")
-    exports.check_training_record(meta["training"], path)
-    return meta
+    return model_files.bad_export(path, what, model_files.CLASSIFIER)
 
 
 def export_classes(meta: dict[str, Any], path: Path) -> ClassLabels:
-    """config.json's classifier.classes as ClassLabels: index i, an integer label and a name each."""
+    """config.json's classifier.classes as ClassLabels: index i, a label value (an integer in int64,
+    each once) and a name each, at least one class."""
     entries = meta["classifier"].get("classes")
     ok = isinstance(entries, list) and bool(entries) and all(isinstance(e, dict) for e in entries)
-    if ok:
-        ok = all(
-            e.get("index") == i and isinstance(e.get("label"), int) and isinstance(e.get("name"), str)
-            for i, e in enumerate(entries)
-        )
+    ok = ok and all(e.get("index") == i and not isinstance(e.get("index"), bool) for i, e in enumerate(entries))
     if not ok:
         raise _bad(path, f"{CONFIG_FILE} has no valid classifier.classes (index, label and name of each class)")
-    return ClassLabels([e["label"] for e in entries], [e["name"] for e in entries])
-
-
-def load_classifier_export(path: Path, weights: str | None, flag: str) -> LoadedClassifier:
-    meta = read_classifier_config(path)
-    if weights is not None and weights != meta["weights"]:
-        raise UserError(
-            f"{flag} {weights}: export dir {path} holds the {meta['weights']} weights only; leave {flag} out, "
-            f"or export again with --weights {weights}"
-        )
-    try:
-        cfg = config_from_dict(meta["training"]["config"])
-    except (UserError, KeyError, TypeError, AttributeError) as e:
-        raise _bad(path, f"{CONFIG_FILE} holds a config this version cannot use ({e})") from None
-    classes = export_classes(meta, path)
-    state = exports.read_export_weights(path, meta)
-    model = new_classifier(cfg, len(classes))
-    try:
-        checkpoint.load_model_state(model, state)
-    except UserError as e:
-        raise _bad(path, f"{WEIGHTS_FILE} does not fit {CONFIG_FILE} ({e})") from None
-    return LoadedClassifier(model, cfg, classes, meta["weights"], meta["training"])
+    values, names = [e.get("label") for e in entries], [e.get("name") for e in entries]
+    problem = check_classes(values, names, len(entries))
+    if problem:
+        raise _bad(path, f"{CONFIG_FILE}: classifier.classes {problem}")
+    return ClassLabels(values, names)
 
 
 # ---- export ------------------------------------------------------------------------------------------
@@ -343,13 +307,13 @@ def export_classifier(
     from vitmask.store.onnx_export import export_classifier_onnx, require_onnx
 
     path, out = Path(path), Path(out)
-    exports.check_weights(weights)
+    check_weights(weights)
     if encoder_only:
         raise UserError(
             f"{path} is a fine-tuned classifier, which exports whole (encoder, norm and head); leave --encoder-only "
             "out, or export the masked-patch model it was fine-tuned from"
         )
-    exports.check_out_dir(out)
+    replaces = exports.check_out_dir(out)
     if onnx:
         require_onnx()
     loaded = load_classifier_model(path, "cpu", weights)
@@ -361,6 +325,7 @@ def export_classifier(
         out,
         lambda meta, params: classifier_card(meta, cfg, params, onnx),
         (lambda file: export_classifier_onnx(model, cfg, file)) if onnx else None,
+        replaces,
     )
     return {
         "out": str(out),

@@ -17,46 +17,49 @@ leaves nothing; an `--out` that exists and holds files is refused.
 
 Loading: `load_pretrained(DIR)` is the model in eval mode. `load_model(PATH, device, weights)` is
 what every verb that takes `--checkpoint` calls: a `.pt` checkpoint (its EMA weights when it has
-them, unless `weights="raw"`) or an export dir, checked file by file, one line for anything wrong.
-Both take the name of a model shipped with vitmask too (vitmask/pretrained: an existing path wins).
-The checks: config.json at most 1 MiB, nested at most 32 levels, its integers convertible, its entries (the
-run's record too, `check_training_record`) of the types vitmask writes; model.safetensors with
-the SHA-256 config.json names, every tensor float32 and finite, and fitting the config. A
-checkpoint has both its weight entries checked, the one not loaded too (`check_weight_entries`).
-A fine-tuned classifier (a `vitmask finetune` checkpoint, or an export whose config.json says
+them, unless `weights="raw"`) or an export dir, each file read once and checked as it is read by
+model_files.py, one line for anything wrong: config.json at most 1 MiB, nested at most 32 levels,
+its integers convertible, its entries (the run's record too) of the types vitmask writes;
+model.safetensors with the SHA-256 config.json names, every tensor float32 and finite, and
+fitting the config. Both take the name of a model shipped with vitmask too (vitmask/pretrained:
+an existing path wins). A checkpoint has both its weight entries checked, the one not loaded too. A
+fine-tuned classifier (a `vitmask finetune` checkpoint, or an export whose config.json says
 `"task": "classifier"`) is no masked-patch model: these loaders refuse it in one line, and
 store/classifier.py loads and exports it.
 """
 
 import dataclasses
-import hashlib
+import errno
 import json
 import os
 import re
 import shutil
-import sys
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from vitmask import __version__
-from vitmask.config import INT_RANGE, MAX_CONFIG_BYTES, MAX_YAML_DEPTH, Config, config_from_dict, dump_config
+from vitmask import __version__, outputs
+from vitmask.config import Config, dump_config
 from vitmask.data.processor import ImageProcessor
 from vitmask.errors import UserError
 from vitmask.model.vit import MaskedPatchViT, build_model
 from vitmask.outputs import missing_folders_made, nearest_folder, write_error
 from vitmask.pretrained import resolve_model_path
-from vitmask.store import checkpoint
+from vitmask.store import model_files
 from vitmask.store.checkpoint import LoadedModel
+from vitmask.store.model_files import (  # the format's names, read by model_files.py, written here
+    CONFIG_FILE,
+    FORMAT,
+    WEIGHTS_FILE,
+    check_weights,
+    checkpoint_weights,
+    sha256_of,
+)
 
-FORMAT = "vitmask-export/1"
-CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "model.safetensors"
 CARD_FILE = "README.md"
 ONNX_FILE = "model.onnx"
-WEIGHT_KINDS = ("ema", "raw")
 BIT_ORDER = (
     "a patch's p*p pixels row by row, 1 = foreground; the first pixel is the most significant bit of its "
     "class: class = sum of pixel_i * 2^(p*p - 1 - i)"
@@ -64,37 +67,10 @@ BIT_ORDER = (
 CARD_METRICS = ("loss", "acc", "acc_nonempty", "bit_acc")
 
 
-# ---- which weights ----------------------------------------------------------------------------------
-def check_weights(weights: str | None, flag: str = "--weights") -> None:
-    """`flag` is the option that asked for `weights`, as the messages name it."""
-    if weights is not None and weights not in WEIGHT_KINDS:
-        raise UserError(f"{flag} must be ema or raw, got '{weights}'")
-
-
-def has_ema(state: dict[str, Any]) -> bool:
-    return isinstance(state.get("ema"), dict) and bool(state["ema"])
-
-
-def checkpoint_weights(
-    state: dict[str, Any], path: str | Path, weights: str | None, flag: str = "--weights"
-) -> tuple[dict, str]:
-    """The state dict a checkpoint's model is loaded from, and its kind: the EMA's when the
-    checkpoint has one (or `weights` asks), the trained weights with `weights="raw"`."""
-    check_weights(weights, flag)
-    if weights == "ema" and not has_ema(state):
-        raise UserError(
-            f"{flag} ema: checkpoint {path} holds no EMA weights (it was trained with train.ema_decay=0); "
-            f"pass {flag} raw, or leave {flag} out"
-        )
-    kind = weights or ("ema" if has_ema(state) else "raw")
-    return state["ema" if kind == "ema" else "model"], kind
-
-
 # ---- loading ------------------------------------------------------------------------------------
 def is_export_dir(path: str | Path) -> bool:
     """A folder with a config.json or a model.safetensors: meant as an export dir (checked when read)."""
-    p = Path(path)
-    return p.is_dir() and ((p / CONFIG_FILE).exists() or (p / WEIGHTS_FILE).exists())
+    return model_files.is_export_dir(path)
 
 
 def drop_prediction_head(model: MaskedPatchViT) -> MaskedPatchViT:
@@ -104,188 +80,13 @@ def drop_prediction_head(model: MaskedPatchViT) -> MaskedPatchViT:
     return model
 
 
-def _bad_export(path: Path, what: str) -> UserError:
-    return UserError(f"export dir {path}: {what}; export it again with vitmask export --checkpoint X --out DIR")
-
-
-MAX_JSON_DEPTH = MAX_YAML_DEPTH  # nested objects and lists in config.json (one vitmask writes has 5)
-
-
-def read_config_json(path: Path) -> Any:
-    """config.json of the export dir `path`, parsed with every guard a hostile file needs: present, at
-    most MAX_CONFIG_BYTES, JSON nested at most MAX_JSON_DEPTH levels, no integer past Python's limit on
-    digits. One line (a UserError) for anything wrong; nothing about its entries is checked here."""
-    file = path / CONFIG_FILE
-    if not file.is_file():
-        raise _bad_export(path, f"{CONFIG_FILE} is missing")
-    try:
-        size = file.stat().st_size
-        if size > MAX_CONFIG_BYTES:
-            raise _bad_export(
-                path, f"{CONFIG_FILE} is {size:,} bytes, more than an export's may be ({MAX_CONFIG_BYTES:,})"
-            )
-        meta = json.loads(file.read_text())
-    except RecursionError:  # json recurses once per level
-        raise _bad_export(path, f"{CONFIG_FILE} is nested more than {MAX_JSON_DEPTH} levels deep") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise _bad_export(path, f"{CONFIG_FILE} cannot be read ({str(e).splitlines()[0][:120]})") from None
-    except ValueError:  # Python's limit on converting text to integers
-        raise _bad_export(
-            path, f"{CONFIG_FILE} holds an integer of more than {sys.get_int_max_str_digits()} digits"
-        ) from None
-    if json_depth(meta) > MAX_JSON_DEPTH:
-        raise _bad_export(path, f"{CONFIG_FILE} is nested more than {MAX_JSON_DEPTH} levels deep")
-    return meta
-
-
 def read_export_config(path: str | Path) -> dict[str, Any]:
     """config.json of an export dir, checked: read with `read_config_json`'s guards, this format, with
     its entries (`check_training_record` for the run's)."""
     path = Path(path)
-    meta = read_config_json(path)
-    found = meta.get("format") if isinstance(meta, dict) else None
-    if not isinstance(found, str) or not found.startswith("vitmask-export/"):
-        raise _bad_export(path, f"{CONFIG_FILE} is not a vitmask export's (no '{FORMAT}' format)")
-    if found != FORMAT:
-        raise UserError(
-            f"export dir {path} was written by another version of vitmask (format {found[:40]}; this one reads "
-            f"{FORMAT}); use that version, or export again with this one"
-        )
-    for key, kind in (("training", dict), ("weights", str), ("encoder_only", bool), ("sha256", dict)):
-        if not isinstance(meta.get(key), kind):
-            raise _bad_export(path, f"{CONFIG_FILE} has no valid '{key}' entry")
-    if meta["weights"] not in WEIGHT_KINDS:
-        raise _bad_export(path, f"{CONFIG_FILE} names weights '{meta['weights'][:40]}' (not ema or raw)")
-    check_training_record(meta["training"], path)
-    return meta
-
-
-def json_depth(value: Any) -> int:
-    """How deep objects and lists nest in `value` (parsed JSON; a number or a string is 0), counted
-    without recursion."""
-    deepest, todo = 0, [(value, 1)]
-    while todo:
-        item, depth = todo.pop()
-        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
-        if children is None:
-            continue
-        deepest = max(deepest, depth)
-        if depth <= MAX_JSON_DEPTH:  # deeper is refused anyway: no need to walk on
-            todo.extend((child, depth + 1) for child in children)
-    return deepest
-
-
-def _is_number(v: Any) -> bool:
-    """An int or a float (not a bool) that a float can hold, as a figure of a run is (NaN and inf
-    included: a validation without non-empty patches has no acc_nonempty, a run before its first
-    validation no best loss)."""
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return False
-    try:
-        float(v)
-    except OverflowError:  # an integer past the largest float
-        return False
-    return True
-
-
-def check_training_record(t: dict[str, Any], path: Path) -> None:
-    """The run record of config.json (`training`): the entries the verbs read (the model card, the
-    record a run from `--init` keeps) of the types vitmask writes, or one line naming the entry."""
-
-    def bad(key: str, what: str) -> UserError:
-        return _bad_export(path, f"{CONFIG_FILE}: training.{key} is not {what}")
-
-    step = t.get("step")
-    if step is not None and (isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= INT_RANGE[1]):
-        raise bad("step", f"a step (an integer in [0, {INT_RANGE[1]}])")
-    for key in ("run_id", "source"):
-        if t.get(key) is not None and not (isinstance(t[key], str) and len(t[key]) <= 4096):
-            raise bad(key, "a string")
-    for key in ("best_val_loss", "ema_decay"):
-        if t.get(key) is not None and not _is_number(t[key]):
-            raise bad(key, "a number")
-    val = t.get("val")
-    if val is not None:
-        rows = val.values() if isinstance(val, dict) else None
-        if rows is None or not all(isinstance(row, dict) and all(_is_number(v) for v in row.values()) for row in rows):
-            raise bad("val", "a table of numbers")
-    init = t.get("init")
-    if init is not None and not (
-        isinstance(init, dict)
-        and all(
-            v is None or isinstance(v, str) or (type(v) is int and INT_RANGE[0] <= v <= INT_RANGE[1])
-            for v in init.values()
-        )
-    ):
-        raise bad("init", "a record of where the run's weights came from")
-
-
-def export_config(meta: dict[str, Any], path: Path) -> Config:
-    """The training config an export came from (its data keys are what the verbs read)."""
-    try:
-        return config_from_dict(meta["training"]["config"])
-    except (UserError, KeyError, TypeError, AttributeError) as e:
-        raise _bad_export(path, f"{CONFIG_FILE} holds a config this version cannot use ({e})") from None
-
-
-def sha256_of(file: Path) -> str:
-    digest = hashlib.sha256()
-    with open(file, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def read_export_weights(path: Path, meta: dict[str, Any]) -> dict[str, torch.Tensor]:
-    """model.safetensors of an export dir, checked against config.json's SHA-256 (no pickle is read),
-    every tensor fp32 as vitmask writes it and finite, as a checkpoint's weights must be."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    file = path / WEIGHTS_FILE
-    if not file.is_file():
-        raise _bad_export(path, f"{WEIGHTS_FILE} is missing")
-    want = meta["sha256"].get(WEIGHTS_FILE)
-    try:
-        if sha256_of(file) != want:
-            raise _bad_export(
-                path, f"{WEIGHTS_FILE} is not the file {CONFIG_FILE} was written with (its SHA-256 differs)"
-            )
-        state = load_file(file, device="cpu")
-    except (OSError, SafetensorError) as e:
-        raise _bad_export(path, f"{WEIGHTS_FILE} cannot be read ({str(e).splitlines()[0][:120]})") from None
-    for key, tensor in state.items():
-        if tensor.dtype != torch.float32:
-            raise _bad_export(path, f"{WEIGHTS_FILE} holds {key} as {tensor.dtype}, not the float32 vitmask writes")
-    bad = checkpoint.first_non_finite({"model": state})
-    if bad is not None:
-        raise _bad_export(path, f"{WEIGHTS_FILE} holds NaN or inf values ({bad}); it cannot be evaluated or used")
-    return state
-
-
-def load_export(
-    path: str | Path, device: torch.device | str = "cpu", weights: str | None = None, flag: str = "--weights"
-) -> LoadedModel:
-    """An export dir's model (eval mode, on `device`), its config and config.json as `state`."""
-    path = Path(path)
-    reject_classifier_export(path)
-    check_weights(weights, flag)
-    meta = read_export_config(path)
-    if weights is not None and weights != meta["weights"]:
-        raise UserError(
-            f"{flag} {weights}: export dir {path} holds the {meta['weights']} weights only; leave {flag} out, "
-            f"or export again with --weights {weights}"
-        )
-    cfg = export_config(meta, path)
-    state = read_export_weights(path, meta)
-    model = build_model(cfg)
-    if meta["encoder_only"]:
-        drop_prediction_head(model)
-    try:
-        checkpoint.load_model_state(model, state)
-    except UserError as e:
-        raise _bad_export(path, f"{WEIGHTS_FILE} does not fit {CONFIG_FILE} ({e})") from None
-    return LoadedModel(model.to(device).eval(), cfg, {**meta, "config": cfg.to_dict()})
+    if not is_export_dir(path):
+        model_files.read_config_json(path)  # says config.json is missing, as for any export dir
+    return model_files.open_model_files(path).meta
 
 
 def load_pretrained(path: str | Path, device: torch.device | str = "cpu") -> MaskedPatchViT:
@@ -306,7 +107,10 @@ def load_pretrained(path: str | Path, device: torch.device | str = "cpu") -> Mas
 
     check_path(path)
     device = api_device(device)
-    loaded = load_export(resolve_model_path(path), device)
+    path = resolve_model_path(path)
+    if not is_export_dir(path):
+        model_files.read_config_json(path)  # says config.json is missing, as for any export dir
+    loaded = load_model(path, device, need_head=False)
     loaded.model.processor = ImageProcessor.from_config(loaded.config)
     return loaded.model
 
@@ -319,30 +123,29 @@ def load_model(
     flag: str = "--weights",
 ) -> LoadedModel:
     """The model behind a verb's `--checkpoint`: a .pt checkpoint (its EMA weights when it has them,
-    unless `weights` is "raw") or an export dir, or a shipped model's name (`resolve_model_path`: an
-    existing path wins). `need_head`: refuse an encoder-only export. `flag`: the option that gave
-    `weights`, as the messages name it."""
-    path = resolve_model_path(path)
-    if is_export_dir(path):
-        loaded = load_export(path, device, weights, flag)
-        if need_head and loaded.model.head is None:
-            raise UserError(
-                f"export dir {path} holds the encoder only (exported with --encoder-only), which cannot predict "
-                "patches; pass a full export (vitmask export without --encoder-only) or the checkpoint"
-            )
-        return loaded
+    unless `weights` is "raw") or an export dir, each file read once (model_files.py). `need_head`:
+    refuse an encoder-only export. `flag`: the option that gave `weights`, as the messages name it.
+    `state` is the checkpoint's dict, or an export's config.json with its config as `config`."""
+    path = Path(path)
     check_weights(weights, flag)
-    state = checkpoint.load_checkpoint(path)
-    reject_task_checkpoint(state, path)
-    cfg = checkpoint.config_of(state, path)
-    chosen, _ = checkpoint_weights(state, path, weights, flag)
+    files = model_files.open_model_files(path)
+    if files.task == model_files.CLASSIFIER:
+        raise classifier_refused(files)
+    kind = files.weights_kind(weights, flag)
+    cfg = files.config
+    state = files.entry(kind)
     model = build_model(cfg)
-    try:
-        checkpoint.load_model_state(model, chosen)
-    except (RuntimeError, TypeError, ValueError) as e:  # entries of the right shape but not loadable
-        raise checkpoint.describe_load_failure(e, path) from None
-    checkpoint.check_weight_entries(model, state, path)  # the entry not loaded, too
-    return LoadedModel(model.to(device).eval(), cfg, state)
+    encoder_only = files.is_export and files.meta["encoder_only"]
+    if encoder_only:
+        drop_prediction_head(model)
+    files.load_into(model, state)
+    if need_head and encoder_only:
+        raise UserError(
+            f"export dir {path} holds the encoder only (exported with --encoder-only), which cannot predict "
+            "patches; pass a full export (vitmask export without --encoder-only) or the checkpoint"
+        )
+    record = {**files.meta, "config": cfg.to_dict()} if files.is_export else files.meta
+    return LoadedModel(model.to(device).eval(), cfg, record)
 
 
 def loaded_weights(path: str | Path, state: dict[str, Any], weights: str | None) -> tuple[str, dict[str, Any]]:
@@ -354,51 +157,32 @@ def loaded_weights(path: str | Path, state: dict[str, Any], weights: str | None)
     return checkpoint_weights(state, path, weights)[1], state
 
 
-CLASSIFIER_TASK = "classifier"  # config.json's `task` of a fine-tuned classifier's export (store/classifier.py)
 CLASSIFIER_USES = "vitmask predict, eval and export take it"
 
 
-def reject_task_checkpoint(state: dict[str, Any], path: Path) -> None:
-    """A fine-tuned classifier's checkpoint is no masked-patch model: one line that says so."""
-    if state.get("task") == "finetune":
-        raise UserError(
-            f"checkpoint {path} is a fine-tuned classifier (vitmask finetune), not a masked-patch model "
-            f"({CLASSIFIER_USES}); here pass the checkpoint it was fine-tuned from, or resume the fine-tuning "
-            "with vitmask finetune"
-        )
-
-
-def export_task(path: str | Path) -> str | None:
-    """config.json's `task` of an export dir: "classifier" for a fine-tuned classifier, None for a
-    masked-patch model, and None for a config.json that cannot be read (its loader says what is wrong)."""
-    try:
-        meta = read_config_json(Path(path))
-    except UserError:
-        return None
-    task = meta.get("task") if isinstance(meta, dict) else None
-    return task if isinstance(task, str) else None
-
-
-def reject_classifier_export(path: Path) -> None:
-    """A fine-tuned classifier's export dir is no masked-patch model: one line that says so."""
-    if export_task(path) == CLASSIFIER_TASK:
-        raise UserError(
-            f"export dir {path} holds a fine-tuned classifier (vitmask finetune), not a masked-patch model "
+def classifier_refused(files: model_files.ModelFiles) -> UserError:
+    """A fine-tuned classifier (its checkpoint or export) is no masked-patch model: one line that says so."""
+    if files.is_export:
+        return UserError(
+            f"export dir {files.path} holds a fine-tuned classifier (vitmask finetune), not a masked-patch model "
             f"({CLASSIFIER_USES}); here pass the masked-patch export or checkpoint it was fine-tuned from"
         )
+    return UserError(
+        f"checkpoint {files.path} is a fine-tuned classifier (vitmask finetune), not a masked-patch model "
+        f"({CLASSIFIER_USES}); here pass the checkpoint it was fine-tuned from, or resume the fine-tuning "
+        "with vitmask finetune"
+    )
 
 
 def model_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    """The config of a checkpoint or an export dir (or a shipped model's name), `overrides` applied (count-params)."""
-    path = resolve_model_path(path)
-    if is_export_dir(path):
-        return config_from_dict(export_config(read_export_config(Path(path)), Path(path)).to_dict(), overrides)
-    return checkpoint.checkpoint_config(path, overrides)
+    """The config of a checkpoint or an export dir, `overrides` applied (count-params)."""
+    return model_files.open_model_files(path).config_with(overrides)
 
 
 # ---- writing --------------------------------------------------------------------------------------
-def check_out_dir(out: Path) -> None:
-    """Refuse an --out that exists and holds files, is not a folder, or whose folder cannot be written."""
+def check_out_dir(out: Path) -> outputs.FileId | None:
+    """Refuse an --out that exists and holds files, is not a folder, or whose folder cannot be written.
+    Returns the empty folder given (`outputs.file_id`), the only thing the export may replace, or None."""
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} exists and is not a folder; pass a new folder path")
     if out.is_dir() and any(out.iterdir()):
@@ -408,6 +192,7 @@ def check_out_dir(out: Path) -> None:
         raise UserError(f"the folder of --out {out} is a file ({parent}), not a folder; pick another --out")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise UserError(f"cannot write into {parent} (permission denied); pick another --out")
+    return outputs.file_id(out)
 
 
 def encoder_metadata(cfg: Config) -> dict[str, Any]:
@@ -529,8 +314,15 @@ def save_weights(tensors: dict[str, torch.Tensor], file: Path) -> None:
         raise OSError(code, os.strerror(code) if code else str(e), str(file)) from None
 
 
-def write_export(model: nn.Module, cfg: Config, meta: dict[str, Any], out: Path, onnx: bool = False) -> list[Path]:
-    """Write the export dir `out` through a temp dir beside it, renamed into place; returns its files."""
+def write_export(
+    model: nn.Module,
+    cfg: Config,
+    meta: dict[str, Any],
+    out: Path,
+    onnx: bool = False,
+    replaces: outputs.FileId | None = None,
+) -> list[Path]:
+    """Write the export dir `out` through a temp dir beside it, moved into place; returns its files."""
     from vitmask.store.onnx_export import export_onnx
 
     return write_export_files(
@@ -539,19 +331,29 @@ def write_export(model: nn.Module, cfg: Config, meta: dict[str, Any], out: Path,
         out,
         lambda meta, params: model_card(meta, cfg, params),
         (lambda file: export_onnx(model, cfg, file)) if onnx else None,
+        replaces,
     )
 
 
-def write_export_files(model: nn.Module, meta: dict[str, Any], out: Path, card, write_onnx=None) -> list[Path]:
+def write_export_files(
+    model: nn.Module,
+    meta: dict[str, Any],
+    out: Path,
+    card,
+    write_onnx=None,
+    replaces: outputs.FileId | None = None,
+) -> list[Path]:
     """Write an export dir: the weights, config.json (`meta` and their SHA-256), the card
     (`card(meta, params)`) and, with `write_onnx(file)`, model.onnx; through a temp dir beside `out`,
-    renamed into place. Returns its files."""
+    moved into place only where nothing stands (or the empty folder `replaces`, `check_out_dir`'s,
+    still stands empty): anything else there is left as it is (`outputs.OutputTaken`). The missing
+    folders above `out` are made, and removed again when the export fails. Returns its files."""
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         with missing_folders_made(out):  # removed again when the export fails, after its temp dir
             try:
-                _write_export_files(model, meta, tmp, out, card, write_onnx)
+                _write_export_files(model, meta, tmp, out, card, write_onnx, replaces)
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
     except OSError as e:
@@ -559,20 +361,31 @@ def write_export_files(model: nn.Module, meta: dict[str, Any], out: Path, card, 
     return sorted(out.iterdir())
 
 
-def _write_export_files(model: nn.Module, meta: dict[str, Any], tmp: Path, out: Path, card, write_onnx) -> None:
-    """write_export_files' work: every file into `tmp`, then `tmp` renamed to `out`."""
+def _write_export_files(
+    model: nn.Module, meta: dict[str, Any], tmp: Path, out: Path, card, write_onnx, replaces
+) -> None:
+    """write_export_files' work: every file into `tmp`, then `tmp` moved to `out`."""
     tmp.mkdir()
     tensors = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in model.state_dict().items()}
     save_weights(tensors, tmp / WEIGHTS_FILE)
     meta = {**meta, "sha256": {WEIGHTS_FILE: sha256_of(tmp / WEIGHTS_FILE)}}
-    (tmp / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+    (tmp / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")  # ASCII: JSON escapes
     params = sum(p.numel() for p in model.parameters())
-    (tmp / CARD_FILE).write_text(card(meta, params))
+    # UTF-8; a name that is not (a file name's undecodable bytes, held as lone surrogates) as escapes
+    (tmp / CARD_FILE).write_text(card(meta, params), encoding="utf-8", errors="backslashreplace")
     if write_onnx is not None:
         write_onnx(tmp / ONNX_FILE)
-    if out.is_dir():
-        out.rmdir()  # empty: checked before the work
-    os.replace(tmp, out)
+    if replaces is not None and outputs.file_id(out) == replaces:
+        try:
+            out.rmdir()  # the empty folder given (it held nothing when checked)
+        except OSError as e:
+            if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+            raise outputs.OutputTaken(out, "--out") from None  # files were put in it meanwhile
+    try:
+        outputs.rename_new(tmp, out)
+    except FileExistsError:
+        raise outputs.OutputTaken(out, "--out") from None
 
 
 def export(
@@ -583,7 +396,7 @@ def export(
 
     path, out = Path(path), Path(out)
     check_weights(weights)
-    check_out_dir(out)
+    replaces = check_out_dir(out)
     if onnx:
         require_onnx()
     model, cfg, state = load_model(path, "cpu", weights, need_head=not encoder_only)
@@ -591,5 +404,5 @@ def export(
     if encoder_only:
         drop_prediction_head(model)
     meta = export_metadata(cfg, kind, encoder_only, record, path)
-    files = write_export(model, cfg, meta, out, onnx)
+    files = write_export(model, cfg, meta, out, onnx, replaces)
     return {"out": str(out), "weights": kind, "encoder_only": encoder_only, "files": [f.name for f in files]}
