@@ -45,7 +45,7 @@ from vitmask.data.batches import LabelledSplits
 from vitmask.data.patches import patchify
 from vitmask.errors import UserError
 from vitmask.evaluate.scores import validation_images
-from vitmask.model.pooling import pool_tokens
+from vitmask.model.pooling import as_layers, feature_name, pool_tokens
 from vitmask.model.vit import MaskedPatchViT, build_model
 from vitmask.signals import check_stop
 
@@ -62,13 +62,6 @@ DEFAULT_GRID = 4  # --pool grid without --grid: 4 x 4 cells (of 4 x 4 patches on
 
 
 # ---- features -------------------------------------------------------------------------------------
-def as_layers(layer: int | Sequence[int] | None) -> tuple[int | None, ...]:
-    """--layer as a tuple: (None,) for the final normalised tokens, else the blocks in the order given."""
-    if layer is None:
-        return (None,)
-    return (layer,) if isinstance(layer, int) else tuple(layer) or (None,)
-
-
 @torch.no_grad()
 def extract_features(
     model: MaskedPatchViT,
@@ -307,33 +300,6 @@ def run_probes(
         "images": {s: len(images[s]) for s in ("train", "val", split)},
         "results": results,
     }
-
-
-def feature_name(layer: int | Sequence[int] | None, grid: int | None = None, patch_grid: int = 0) -> str:
-    """What the features are, in words, e.g. "mean of block 2's output tokens" or "means of the
-    4x4 grid's cells (4x4 patches each) of the final normalised tokens"."""
-    layers = as_layers(layer)
-    if len(layers) > 1:
-        zero = " (0: the embedded patches)" if 0 in layers else ""
-        tokens = f"the output tokens of blocks {', '.join(map(str, layers))}{zero}, each block's concatenated"
-    elif layers[0] is None:
-        tokens = "the final normalised tokens"
-    else:
-        tokens = "the embedded patches (layer 0)" if layers[0] == 0 else f"block {layers[0]}'s output tokens"
-    if grid is None:
-        return f"mean of {tokens}"
-    return f"means of the {grid}x{grid} grid's cells ({cell_sides(patch_grid, grid)}) of {tokens}"
-
-
-def cell_sides(patch_grid: int, grid: int) -> str:
-    """The cells' sides in patches, in words: "4x4 patches each" (16 in 4), or where `grid` does not
-    divide the patch grid "4x4 patches each, neighbours sharing a row or column" (14 in 4) or "3 to 4
-    patches a side" (8 in 3)."""
-    sides = {-(-(i + 1) * patch_grid // grid) - i * patch_grid // grid for i in range(grid)}  # ceil(end) - floor(start)
-    if len(sides) > 1:
-        return f"{min(sides)} to {max(sides)} patches a side"
-    (c,) = sides
-    return f"{c}x{c} patches each" + ("" if patch_grid % grid == 0 else ", neighbours sharing a row or column")
 
 
 def format_report(report: dict) -> str:

@@ -36,8 +36,8 @@ import torch
 from vitmask import __version__
 from vitmask.config import Config, config_from_dict, dump_config
 from vitmask.errors import UserError
-from vitmask.evaluate.probe import feature_name
 from vitmask.model.classifier import Classifier, build_classifier
+from vitmask.model.pooling import feature_name
 from vitmask.store import checkpoint
 from vitmask.store import export as exports
 from vitmask.store.export import (
