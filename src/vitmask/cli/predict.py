@@ -8,13 +8,12 @@ end, atomically: a run stopped by bad input (an image that cannot be read) or a 
 
 from pathlib import Path
 
-from tqdm import tqdm
-
 from vitmask.data.processor import ProcessedImages
 from vitmask.errors import UserError
 from vitmask.inference.classifier import ImageClassifier, check_top_k
 from vitmask.inference.inputs import open_input
 from vitmask.inference.predictions import check_predictions_out, records, write_predictions
+from vitmask.progress import Progress
 from vitmask.runtime.process import resolve_device
 from vitmask.store.classifier import load_classifier_model
 
@@ -44,7 +43,7 @@ def predict(
     check_top_k(top_k, len(classifier.classes), "--top-k")
     images.check(classifier.processor)
     rows = []
-    with tqdm(total=images.count, desc="predict", unit="img", leave=False, disable=None if progress else True) as bar:
+    with Progress(images.count, "predict", "img", enabled=progress) as bar:
         for names, pixels in images.batches(classifier.processor, batch_size):
             # binary already: not thresholded again
             processed = ProcessedImages(pixels, classifier.processor.patch_size)

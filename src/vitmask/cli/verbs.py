@@ -11,7 +11,6 @@ import math
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 from vitmask.config import Config, check_seed, config_from_dict, dump_config, load_config
 from vitmask.data.batches import SPLITS, eval_batches, load_labelled_splits, load_splits
@@ -33,6 +32,7 @@ from vitmask.model.memory_estimate import check_fits, check_model_fits
 from vitmask.model.params import ParamRow, param_rows
 from vitmask.model.vit import build_model
 from vitmask.outputs import check_not_a_link_loop, check_out_file, reason, write_atomically, write_text
+from vitmask.progress import Progress
 from vitmask.runtime import distributed
 from vitmask.runtime.memory import is_out_of_memory, out_of_memory
 from vitmask.runtime.process import resolve_device
@@ -329,7 +329,7 @@ def evaluate_classifier(
     train = class_targets(labels["train"], classes.values, "train")
     images, p = data.images[split], cfg.data.patch_size
     logits = []
-    with tqdm(total=len(images), desc=f"eval {split}", unit="img", leave=False, disable=None) as bar:
+    with Progress(len(images), f"eval {split}", "img") as bar:
         for chunk in images.split(BATCH):  # (b, S, S) 0/1, a packed split unpacked a batch at a time
             logits.append(classifier.logits(ProcessedImages(chunk, p)))  # (b, L)
             bar.update(len(chunk))
@@ -484,7 +484,7 @@ def sample(
     model, cfg, device = open_model(path, device_name, seed, weights, loads_data=False)
     data = cfg.data
     generator = torch.Generator(device=device).manual_seed(seed)
-    images = sample_images(model, n, data.image_size, data.patch_size, options, generator, device)  # (n, S, S)
+    images = sample_images(model, n, data.image_size, data.patch_size, options, generator, device, progress=True)
     grid = image_grid(images, math.ceil(math.sqrt(n)))
     write_atomically(out, lambda f: save_grid(grid, f, scale=3), "--out")
     return {"out": str(out), "n": n, "image_size": data.image_size, "steps": steps, "temperature": temperature}
@@ -568,7 +568,7 @@ def probe_checkpoint(
     data = load_data(cfg, device, load_labelled_splits)
     require_labels(data, cfg)
     data = unpacked_splits(take_per_class(data, per_class, cfg), "pass --per-class K to probe K images of each class")
-    report = run_probes(model, cfg, data, split, layer, k, seed, pool, grid)
+    report = run_probes(model, cfg, data, split, layer, k, seed, pool, grid, progress=True)
     return {"checkpoint": str(path), "per_class": per_class or None, **report}
 
 

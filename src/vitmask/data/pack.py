@@ -30,7 +30,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from vitmask.config import Config
 from vitmask.data import shapes, sources
@@ -50,6 +49,7 @@ from vitmask.data.packed import (
 from vitmask.data.preprocess import binarize_images, binarize_list
 from vitmask.errors import UserError
 from vitmask.outputs import missing_folders_made, nearest_folder, reason
+from vitmask.progress import Progress
 from vitmask.signals import signals_held
 
 CHUNK = 1 << 16  # images binarized and packed at a time
@@ -227,7 +227,7 @@ def _pack(cfg: Config, given: Path, out: Path, progress: bool) -> dict:
         tmp.mkdir()
         r = row_bytes(d.image_size, d.image_size)
         blocks = BlockSums(max(1, BLOCK_BYTES // r))
-        with tqdm(total=count, desc="pack", unit="img", unit_scale=True, disable=None if progress else True) as bar:
+        with Progress(count, "pack", "img", enabled=progress) as bar:
             checksum, written = write_rows(tmp / ROWS, source.chunks, count, d.image_size, bar, blocks)
         if written != count:
             raise UserError(f"the source gave {written} images where it announced {count}; check data.path")

@@ -22,7 +22,8 @@ Temperature 0 with the `confidence` order and no choice noise is deterministic: 
 that `vitmask inpaint` has always made. Random draws come from a `torch.Generator` on the model's
 device, so a seed repeats a result there. Everything is batched on the device; rows may hide
 different counts (`predict_every_patch`: an encoder-decoder model gets one call per distinct count).
-Each round is a stop point (signals.check_stop).
+Each round is a stop point (signals.check_stop), and counts one on a `progress.Progress` when one is
+given (`sample_images(progress=True)`: `vitmask sample`'s rounds, with an ETA).
 
 Shapes: B images, H = W side, N patches, P pixels per patch, C classes, T rounds.
 """
@@ -35,6 +36,7 @@ import torch
 from vitmask.data.patches import classes_to_patches, patches_to_classes, patchify, unpatchify
 from vitmask.errors import UserError
 from vitmask.model.vit import predict_every_patch
+from vitmask.progress import Progress
 from vitmask.signals import check_stop
 
 ORDERS = ("confidence", "random")
@@ -105,6 +107,7 @@ def decode_masked(
     patch_size: int,
     options: DecodeOptions = DecodeOptions(),
     generator: torch.Generator | None = None,
+    progress: Progress | None = None,
 ) -> torch.Tensor:
     """images (B, H, W) 0/1, mask (B, N) True = hidden -> (B, N) int64 classes, every patch decided.
 
@@ -141,6 +144,8 @@ def decode_masked(
         classes = torch.where(pick, guess, classes)
         pix = torch.where(pick.unsqueeze(-1), classes_to_patches(guess, pix.shape[-1]).float(), pix)
         hidden = hidden & ~pick
+        if progress is not None:
+            progress.update()  # a round done
     return classes
 
 
@@ -154,14 +159,19 @@ def sample_images(
     generator: torch.Generator | None = None,
     device: torch.device | str = "cpu",
     batch_size: int = 256,
+    progress: bool = False,
 ) -> torch.Tensor:
-    """Generate `n` images from a fully masked canvas: (n, H, W) uint8 0/1, in batches of `batch_size`."""
+    """Generate `n` images from a fully masked canvas: (n, H, W) uint8 0/1, in batches of `batch_size`.
+    With `progress`, the rounds of every batch report on stderr (progress.py)."""
     grid = image_size // patch_size
+    rounds = sum(k > 0 for k in unmask_counts(grid * grid, max(1, min(options.steps, grid * grid))))  # per batch
     out = []
+    bar = Progress(-(-n // batch_size) * rounds, "sample", "rounds", enabled=progress)  # a bar, or lines in a log
     for start in range(0, n, batch_size):
         b = min(batch_size, n - start)
         canvas = torch.zeros(b, image_size, image_size, dtype=torch.uint8, device=device)  # (b, H, W)
         hidden = torch.ones(b, grid * grid, dtype=torch.bool, device=device)  # (b, N): all masked
-        classes = decode_masked(model, canvas, hidden, patch_size, options, generator)  # (b, N)
+        classes = decode_masked(model, canvas, hidden, patch_size, options, generator, bar)  # (b, N)
         out.append(unpatchify(classes_to_patches(classes, patch_size**2), patch_size).to(torch.uint8))
+    bar.close()
     return torch.cat(out)  # (n, H, W)
