@@ -484,7 +484,9 @@ def sample(
     model, cfg, device = open_model(path, device_name, seed, weights, loads_data=False)
     data = cfg.data
     generator = torch.Generator(device=device).manual_seed(seed)
-    images = sample_images(model, n, data.image_size, data.patch_size, options, generator, device, progress=True)
+    images = sample_images(
+        model, n, data.image_size, data.patch_size, options, generator, device, progress=True
+    )  # (n, S, S)
     grid = image_grid(images, math.ceil(math.sqrt(n)))
     write_atomically(out, lambda f: save_grid(grid, f, scale=3), "--out")
     return {"out": str(out), "n": n, "image_size": data.image_size, "steps": steps, "temperature": temperature}
