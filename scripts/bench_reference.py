@@ -28,10 +28,11 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from vitmask.config import Config
-from vitmask.data.masking import draw_num_masked, num_masked
+from vitmask.data.masking import draw_num_masked
 from vitmask.data.patches import patches_to_classes, patchify
 from vitmask.errors import UserError
 from vitmask.model.flops import train_flops_per_image
+from vitmask.sizes import num_masked
 
 REFERENCE_FILL = 0.5  # what masked pixels hold where vitmask learns a mask embedding
 

@@ -240,7 +240,8 @@ def vitmask_flops(cfg, device: torch.device) -> int:
 def mask_timing(cfg, device: torch.device, batches: list[int], reps: int = 7) -> dict:
     """Milliseconds to build one batch of random, block and mixed masks at the config's grid and
     masked count, for each batch size: the best of `reps` calls, the three interleaved."""
-    from vitmask.data.masking import block_mask, mixed_mask, num_masked, random_mask
+    from vitmask.data.masking import block_mask, mixed_mask, random_mask
+    from vitmask.sizes import num_masked
 
     m, grid, n = num_masked(cfg.data.num_patches, cfg.mask.ratio), cfg.data.grid, cfg.data.num_patches
     mixed_cfg = dataclasses.replace(cfg.mask, strategy="mixed")

@@ -5,9 +5,11 @@ vitmask modules each one imports, at any depth of the file (imports inside funct
 are cycles too, only deferred). Two rules, each failure printed on its own line:
 
 - no cycle between modules (a module that imports itself through others);
-- a module imports only from its own package or from packages of a lower layer in LAYERS.
+- a module imports only from its own package or from packages of a lower layer in LAYERS, and
+  never across a pair of INDEPENDENT packages (whatever their layers).
 
-Exit code 1 on any failure, 0 otherwise. `make lint` runs it.
+Exit code 1 on any failure, 0 otherwise. `make lint` runs it; `python scripts/check_imports.py
+ROOT` checks the tree under ROOT/vitmask instead of src/vitmask.
 """
 
 import ast
@@ -21,10 +23,9 @@ ROOT = Path(__file__).resolve().parent.parent / "src"
 # (a module __getattr__), so it sits above everything, and modules that read its __version__ import
 # no module by that (the package itself is left out of the graph).
 LAYERS = [
-    {"config", "errors", "outputs", "signals", "pretrained"},  # leaves: stdlib and errors only
+    {"config", "errors", "outputs", "progress", "signals", "sizes", "pretrained"},  # leaves: stdlib and errors only
     {"runtime"},
-    {"data"},
-    {"model"},
+    {"data", "model"},  # independent of each other (INDEPENDENT)
     {"evaluate"},
     {"generate"},
     {"store"},
@@ -34,9 +35,18 @@ LAYERS = [
     {"__init__"},
 ]
 
+# (importer, imported): packages one never imports from the other, whatever their layers. Drawing
+# masks and images is data's, applying a mask to tokens is the model's; what both need lives in a
+# leaf (sizes.py). A checkpoint on disk is no evaluation's: the pooling's names live with the pooling.
+INDEPENDENT = {
+    ("model", "data"): "what model/ and data/ both need lives in a leaf (vitmask/sizes.py)",
+    ("data", "model"): "what model/ and data/ both need lives in a leaf (vitmask/sizes.py)",
+    ("store", "evaluate"): "the store depends on no evaluation; move what it needs below it (e.g. model/pooling.py)",
+}
 
-def module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+
+def module_name(path: Path, root: Path = ROOT) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
@@ -106,9 +116,10 @@ def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return groups
 
 
-def main() -> int:
-    paths = sorted((ROOT / "vitmask").rglob("*.py"))
-    names = {module_name(p): p for p in paths}
+def check(root: Path) -> tuple[list[str], int, int]:
+    """The failures of the tree under root/vitmask, one line each, and its module and import counts."""
+    paths = sorted((root / "vitmask").rglob("*.py"))
+    names = {module_name(p, root): p for p in paths}
     modules = set(names)
     graph = {n: imports_of(p, n, modules) - {"vitmask"} for n, p in names.items()}
     failures = [f"import cycle: {' <-> '.join(group)}" for group in find_cycles(graph)]
@@ -117,13 +128,23 @@ def main() -> int:
             same_package = package_of(n) == package_of(d)
             if not same_package and layer_of(d) > layer_of(n):
                 failures.append(f"layering: {n} imports {d}, a package above its own layer")
+            why = INDEPENDENT.get((package_of(n), package_of(d)))
+            if why is not None:
+                failures.append(f"independence: {n} imports {d}; {why}")
             if layer_of(n) == 0 and layer_of(d) == 0 and d.split(".")[-1] not in ("errors",):
                 failures.append(
                     f"layering: the leaf {n} imports {d}; leaves import only the standard library and errors"
                 )
+    return failures, len(names), sum(map(len, graph.values()))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    root = Path(args[0]) if args else ROOT
+    failures, modules, imports = check(root)
     for line in failures:
         print(line)
-    print(f"check_imports: {len(names)} modules, {sum(map(len, graph.values()))} imports, {len(failures)} failures")
+    print(f"check_imports: {modules} modules, {imports} imports, {len(failures)} failures")
     return 1 if failures else 0
 
 

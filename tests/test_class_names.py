@@ -8,6 +8,7 @@ from PIL import Image
 
 from vitmask.config import DataConfig
 from vitmask.data.class_names import class_names
+from vitmask.data.sources import read_folder
 
 
 def png(path, value=255):
@@ -22,10 +23,12 @@ def test_a_folder_names_its_classes_by_their_subfolders_sorted(tmp_path):
     png(tmp_path / "val" / "apple" / "c.png")
     data = DataConfig(source="folder", path=str(tmp_path))
     assert class_names(data, [0, 1, 2]) == ["apple", "mango", "zebra"]
-    # a class folder without a readable image: its images' labels no longer match the names, so the values are used
+    # a class folder without a readable image keeps its place in the names and in the labels alike
     (tmp_path / "train" / "kiwi").mkdir()
     (tmp_path / "train" / "kiwi" / "x.png").write_bytes(b"not a png")
-    assert class_names(data, [0, 1, 2]) == ["0", "1", "2"]
+    _, labels = read_folder(data)  # train: apple, mango, zebra (kiwi's file skipped); test: the same
+    assert labels["train"].tolist() == labels["test"].tolist() == [0, 2, 3]  # apple 0, kiwi 1, mango 2, zebra 3
+    assert class_names(data, [0, 2, 3]) == ["apple", "mango", "zebra"]
 
 
 def test_a_folder_with_loose_images_has_no_names(tmp_path):

@@ -14,10 +14,11 @@ from torch import nn
 from tests.conftest import assert_user_error, run_cli, write_config
 from vitmask.cli import verbs
 from vitmask.config import Config, DataConfig, MaskConfig, ModelConfig, config_from_dict
-from vitmask.data.masking import random_mask, visible_ids
+from vitmask.data.masking import random_mask
 from vitmask.errors import UserError
 from vitmask.model.decoder import CrossAttention
 from vitmask.model.layers import gather_tokens, split_heads
+from vitmask.model.masked_input import visible_ids
 from vitmask.model.params import format_table
 from vitmask.model.positions import apply_rope, gather_rope, rope_2d_angles
 from vitmask.model.vit import build_model

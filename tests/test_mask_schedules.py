@@ -10,8 +10,9 @@ import torch
 from tests.conftest import TINY, RecordingLogger
 from vitmask.config import config_from_dict
 from vitmask.data.batches import BatchSampler, eval_batches
-from vitmask.data.masking import centre_box_mask, draw_num_masked, mixed_mask, num_masked
+from vitmask.data.masking import centre_box_mask, draw_num_masked, mixed_mask
 from vitmask.errors import UserError
+from vitmask.sizes import num_masked
 from vitmask.train.trainer import Trainer
 
 KS_001 = 1.63  # Kolmogorov-Smirnov: sqrt(n) * max |ECDF - CDF| exceeds this with probability 0.01

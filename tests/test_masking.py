@@ -12,9 +12,11 @@ from tests.conftest import TINY, write_config
 from tests.test_sources import run_inproc
 from vitmask.config import config_from_dict, dump_config, load_config
 from vitmask.data.batches import BatchSampler, eval_batches
-from vitmask.data.masking import apply_fill, block_mask, mask_to_ids, num_masked, random_mask
+from vitmask.data.masking import block_mask, random_mask
 from vitmask.errors import UserError
+from vitmask.model.masked_input import apply_fill, mask_to_ids
 from vitmask.model.vit import build_model
+from vitmask.sizes import num_masked
 
 
 def neighbour_share(mask: torch.Tensor, grid: int) -> float:

@@ -9,9 +9,9 @@ from torch import nn
 
 from tests.conftest import ROOT, TINY
 from vitmask.config import Config, ModelConfig, config_from_dict, load_config
-from vitmask.data.masking import mask_to_ids
 from vitmask.model import layers
 from vitmask.model.layers import Attention, Block, FeedForward, merge_heads, split_heads
+from vitmask.model.masked_input import mask_to_ids
 from vitmask.model.positions import apply_rope, gather_rope, rope_2d_angles
 from vitmask.model.vit import MaskedPatchViT, build_model
 

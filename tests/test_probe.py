@@ -19,6 +19,7 @@ from vitmask.data.batches import LabelledSplits, load_labelled_splits
 from vitmask.data.patches import patchify
 from vitmask.errors import UserError
 from vitmask.evaluate import probe
+from vitmask.model import pooling
 from vitmask.store.checkpoint import load_checkpoint, load_model, save_checkpoint
 from vitmask.train.trainer import Trainer
 
@@ -273,9 +274,9 @@ def test_a_grid_that_does_not_divide_the_patches_overlaps_its_cells():
     tokens = torch.arange(16.0).view(1, 16, 1)
     assert probe.pool_tokens(tokens, 3).tolist() == [[2.5, 3.5, 4.5, 6.5, 7.5, 8.5, 10.5, 11.5, 12.5]]
     # MNIST's 14x14 patch grid in the default 4x4 cells: patches 0-3, 3-6, 7-10, 10-13, four a side
-    assert probe.cell_sides(14, 4) == "4x4 patches each, neighbours sharing a row or column"
-    assert probe.cell_sides(8, 3) == "3 to 4 patches a side"  # 0-2, 2-5, 5-7
-    assert probe.cell_sides(16, 4) == "4x4 patches each"
+    assert pooling.cell_sides(14, 4) == "4x4 patches each, neighbours sharing a row or column"
+    assert pooling.cell_sides(8, 3) == "3 to 4 patches a side"  # 0-2, 2-5, 5-7
+    assert pooling.cell_sides(16, 4) == "4x4 patches each"
 
 
 def test_grid_and_layer_features_are_the_forward_pass_tokens_pooled_by_hand(ckpt, monkeypatch):

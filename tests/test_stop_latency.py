@@ -18,13 +18,13 @@ from torch import nn
 
 from vitmask.config import config_from_dict, load_config
 from vitmask.data.batches import load_labelled_splits, load_splits
-from vitmask.data.masking import num_masked
 from vitmask.errors import Stopped
 from vitmask.evaluate import baselines, likelihood, probe
 from vitmask.evaluate.probe import OnlineProbe, online_probe
 from vitmask.generate.sampling import DecodeOptions, sample_images
 from vitmask.model.vit import build_model
 from vitmask.signals import Interrupted, StopSignals, check_stop, stop_requested
+from vitmask.sizes import num_masked
 from vitmask.store import saving
 from vitmask.store.checkpoint import load_checkpoint, write_checkpoint_file
 from vitmask.train.finetune import FinetuneTrainer, classify

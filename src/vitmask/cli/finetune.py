@@ -81,7 +81,7 @@ def _finetune_baselines(cfg: Config, data, device: torch.device, source: str | N
     from vitmask.train.finetune import FinetuneTrainer
 
     print(f"baseline: the same classifier from a random init, {cfg.train.max_steps} steps", flush=True)
-    scratch = FinetuneTrainer(cfg, data, device)
+    scratch = FinetuneTrainer(cfg, data, device, baseline="baseline from scratch")
     scratch.fit(None, progress=False)
     out = {"from_scratch": scratch.test_accuracy(data.images["test"])}
     if source is not None and locate(source) is not None:  # a path, or a shipped model's name
@@ -89,7 +89,8 @@ def _finetune_baselines(cfg: Config, data, device: torch.device, source: str | N
         model, pre_cfg, _ = load_model(source, device, weights, need_head=False)
         pool = cfg.finetune.pool
         grid = cfg.finetune.grid if pool == "grid" else None
-        probe = run_probes(model, pre_cfg, data, "test", None, 20, cfg.seed, pool, grid)
+        print("baseline: the linear probe of the pretrained checkpoint, with the same pooling", flush=True)
+        probe = run_probes(model, pre_cfg, data, "test", None, 20, cfg.seed, pool, grid, progress=True)
         out["linear_probe"] = probe["results"]["model"]["linear_acc"]
     return out
 

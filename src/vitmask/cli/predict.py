@@ -12,13 +12,12 @@ record then names it (`fit`: the CSV's last column, a JSON record's entry).
 
 from pathlib import Path
 
-from tqdm import tqdm
-
 from vitmask.data.processor import check_fit
 from vitmask.errors import UserError
 from vitmask.inference.classifier import ImageClassifier, check_top_k
 from vitmask.inference.inputs import open_input
 from vitmask.inference.predictions import check_predictions_out, records, write_predictions
+from vitmask.progress import Progress
 from vitmask.runtime.process import resolve_device
 from vitmask.store.classifier import load_classifier_model
 
@@ -57,7 +56,7 @@ def predict(
     images.check(classifier.processor)
     processor = classifier.processor.with_fit(fit)
     rows = []
-    with tqdm(total=images.count, desc="predict", unit="img", leave=False, disable=None if progress else True) as bar:
+    with Progress(images.count, "predict", "img", enabled=progress) as bar:
         for names, pixels in images.batches(processor, batch_size):
             rows += records(names, classifier.top_k_of_pixels(pixels, top_k))  # binary already
             bar.update(len(names))

@@ -11,7 +11,6 @@ import math
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 from vitmask.config import Config, check_seed, config_from_dict, dump_config, load_config
 from vitmask.data.batches import SPLITS, eval_batches, load_labelled_splits, load_splits
@@ -50,6 +49,7 @@ from vitmask.outputs import (
     write_text,
 )
 from vitmask.pretrained import check_data, resolve_model_path
+from vitmask.progress import Progress
 from vitmask.runtime import distributed
 from vitmask.runtime.memory import is_out_of_memory, out_of_memory
 from vitmask.runtime.process import resolve_device
@@ -362,7 +362,7 @@ def evaluate_classifier(
     train = class_targets(labels["train"], classes.values, "train")
     images, p = data.images[split], cfg.data.patch_size
     logits = []
-    with tqdm(total=len(images), desc=f"eval {split}", unit="img", leave=False, disable=None) as bar:
+    with Progress(len(images), f"eval {split}", "img") as bar:
         for chunk in images.split(BATCH):  # (b, S, S) 0/1, a packed split unpacked a batch at a time
             logits.append(classifier.logits(ProcessedImages(chunk, p)))  # (b, L)
             bar.update(len(chunk))
@@ -512,7 +512,9 @@ def sample(
     replaces = file_id(out)  # the file given, if any: the only one the grid may replace
     model, cfg, device = open_model(path, device_name, seed, weights, loads_data=False)
     data = cfg.data
-    images = sample_from_seed(model, n, data.image_size, data.patch_size, options, seed, device)  # (n, S, S)
+    images = sample_from_seed(
+        model, n, data.image_size, data.patch_size, options, seed, device, progress=True
+    )  # (n, S, S)
     grid = image_grid(images, math.ceil(math.sqrt(n)))
     write_atomically(out, lambda f: save_grid(grid, f, scale=3), "--out", replaces=replaces)
     return {"out": str(out), "n": n, "image_size": data.image_size, "steps": steps, "temperature": temperature}
@@ -598,7 +600,7 @@ def probe_checkpoint(
     data = load_data(cfg, device, load_labelled_splits)
     require_labels(data, cfg)
     data = unpacked_splits(take_per_class(data, per_class, cfg), "pass --per-class K to probe K images of each class")
-    report = run_probes(model, cfg, data, split, layer, k, seed, pool, grid)
+    report = run_probes(model, cfg, data, split, layer, k, seed, pool, grid, progress=True)
     return {"checkpoint": str(path), "per_class": per_class or None, **report}
 
 

@@ -20,10 +20,11 @@ import torch
 
 from vitmask.config import Config
 from vitmask.data import packed, shapes, sources
-from vitmask.data.masking import draw_mask, draw_num_masked, num_masked
+from vitmask.data.masking import draw_mask, draw_num_masked
 from vitmask.data.patches import patches_to_classes, patchify
 from vitmask.data.prefetch import StepImages
 from vitmask.errors import UserError
+from vitmask.sizes import num_masked
 
 SPLITS = ("train", "val", "test")
 

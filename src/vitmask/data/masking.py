@@ -16,6 +16,9 @@ Training draws M once per batch from the ratio schedule (`mask.ratio_schedule`):
 `mask.ratio`), `uniform` (uniform over the counts `mask.ratio_range` allows, all of 1..N - 1 by
 default) or `cosine` (MaskGIT: ratio = cos(pi/2 * u), u ~ U(0, 1), restricted to the range).
 
+How the model reads a masked image (the fill, the indices of hidden and visible patches) is the
+model's: model/masked_input.py. The count M is `vitmask.sizes.num_masked`.
+
 Shapes: B batch, N = g * g patches on a g x g grid, M masked patches per image.
 """
 
@@ -24,11 +27,7 @@ import math
 import torch
 
 from vitmask.config import MaskConfig
-
-
-def num_masked(num_patches: int, ratio: float) -> int:
-    """Patches hidden per image: round(ratio * N), at least 1 and at most N - 1."""
-    return min(max(round(ratio * num_patches), 1), num_patches - 1)
+from vitmask.sizes import num_masked
 
 
 def draw_num_masked(cfg: MaskConfig, num_patches: int, generator: torch.Generator) -> int:
@@ -78,28 +77,6 @@ def random_mask(
     mask = torch.zeros(batch, num_patches, dtype=torch.bool, device=device)  # (B, N)
     mask.scatter_(1, ids, True)
     return ids, mask
-
-
-def mask_to_ids(mask: torch.Tensor) -> torch.Tensor:
-    """(B, N) bool with the same count M in every row -> (B, M) int64 indices, ascending."""
-    m = int(mask[0].sum())
-    # a stable sort puts the True positions first, in index order
-    return mask.to(torch.int8).argsort(dim=1, descending=True, stable=True)[:, :m]  # (B, M)
-
-
-def visible_ids(mask: torch.Tensor, num_masked: int) -> torch.Tensor:
-    """mask (B, N) bool, True = masked, exactly `num_masked` per row -> (B, N - M) visible indices, ascending.
-
-    A stable sort of (not masked) puts the visible positions first, in index order; the count comes
-    from the caller (ids.shape[1]), so there is no host sync.
-    """
-    n = mask.shape[1]
-    return (~mask).to(torch.int8).argsort(dim=1, descending=True, stable=True)[:, : n - num_masked]  # (B, V)
-
-
-def apply_fill(patches: torch.Tensor, mask: torch.Tensor, fill: float) -> torch.Tensor:
-    """(B, N, P) float pixels, (B, N) mask -> (B, N, P) with masked patches set to `fill`."""
-    return patches.masked_fill(mask.unsqueeze(-1), fill)
 
 
 # `block_mask` draws BLOCK_PASSES passes of BLOCK_ROUNDS rectangles per image, each pass from the count
@@ -237,8 +214,9 @@ def draw_mask(
     """
     strategy = strategy or cfg.strategy
     if strategy == "centre":
-        mask = centre_box_mask(grid).to(device).expand(batch, -1).clone()  # (B, N)
-        return mask_to_ids(mask), mask
+        box = centre_box_mask(grid)  # (N,) on the CPU: its indices cost no device sync
+        ids = box.nonzero().squeeze(1).to(device)  # (M,) ascending
+        return ids.expand(batch, -1).clone(), box.to(device).expand(batch, -1).clone()  # (B, M), (B, N)
     if strategy == "mixed":
         return mixed_mask(cfg, batch, grid, num_mask, generator, device)
     if strategy == "block":

@@ -33,11 +33,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from vitmask import outputs
 from vitmask.config import Config
 from vitmask.data import shapes, sources
+from vitmask.data.class_names import pack_classes
 from vitmask.data.packed import (
     BLOCKS,
     FORMAT,
@@ -53,6 +53,7 @@ from vitmask.data.packed import (
 from vitmask.data.preprocess import binarize_images, binarize_list
 from vitmask.errors import UserError
 from vitmask.outputs import FileId, OutputTaken, missing_folders_made, nearest_folder, reason
+from vitmask.progress import Progress
 from vitmask.signals import signals_held
 
 CHUNK = 1 << 16  # images binarized and packed at a time
@@ -62,7 +63,8 @@ TEMP_MARK = ".packing-"  # a temporary pack directory: .<out name>.packing-<pid>
 
 class PackPlan:
     """What a pack writes: the source's parts (name -> image count, in row order), a generator of
-    binary image chunks in that order, the labels (int32 per row) or None, the class names."""
+    binary image chunks in that order, the labels (int32 per row) or None, the class names (label i
+    is classes[i]: the source's names, as `class_names.source_names` reads them, else the values)."""
 
     def __init__(self, sizes: dict[str, int], chunks: Iterator[torch.Tensor], labels, classes, description: str):
         self.sizes, self.chunks, self.labels, self.classes, self.description = (
@@ -100,15 +102,15 @@ def plan_in_memory(cfg: Config, seed: int) -> PackPlan:
     d = cfg.data
     if d.source == "shapes":
         images, labels = shapes.make_labelled_splits(d.num_train, d.num_val, d.num_test, d.image_size, seed)
-        classes = [str(i) for i in range(int(max(int(v.max()) for v in labels.values())) + 1)]
         flat = np.concatenate([labels[k].numpy() for k in images]).astype(np.int32)
+        classes = pack_classes(d, int(flat.max()) + 1 if len(flat) else 0)  # the kinds' names
         return PackPlan({k: len(v) for k, v in images.items()}, iter(images.values()), flat, classes, "shapes")
     readers = {"torchvision": sources.read_torchvision, "idx": sources.read_idx, "folder": sources.read_folder}
     raw, labels = {**readers, "npz": sources.read_npz}[d.source](d)
     flat, classes = None, None
     if not isinstance(labels, str):
         flat = np.concatenate([labels[k].numpy() for k in raw]).astype(np.int32)
-        classes = [str(i) for i in range(int(flat.max()) + 1)] if len(flat) else []
+        classes = pack_classes(d, int(flat.max()) + 1 if len(flat) else 0)  # the source's names, else the values
     what = f"{d.source} {d.name}" if d.source == "torchvision" else f"{d.source} {d.path}"
     return PackPlan({k: len(v) for k, v in raw.items()}, _binary_chunks(raw, d), flat, classes, what)
 
@@ -230,7 +232,7 @@ def _pack(cfg: Config, given: Path, out: Path, progress: bool, replaces: FileId 
         tmp.mkdir()
         r = row_bytes(d.image_size, d.image_size)
         blocks = BlockSums(max(1, BLOCK_BYTES // r))
-        with tqdm(total=count, desc="pack", unit="img", unit_scale=True, disable=None if progress else True) as bar:
+        with Progress(count, "pack", "img", enabled=progress) as bar:
             checksum, written = write_rows(tmp / ROWS, source.chunks, count, d.image_size, bar, blocks)
         if written != count:
             raise UserError(f"the source gave {written} images where it announced {count}; check data.path")

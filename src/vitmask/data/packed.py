@@ -46,6 +46,7 @@ import torch
 
 from vitmask.errors import UserError, warn
 from vitmask.outputs import reason
+from vitmask.progress import Progress
 
 FORMAT = "vitmask-packed/1"
 HEADER = "header.json"
@@ -455,8 +456,6 @@ def verify_packed(path: str | Path, progress: bool = True) -> dict:
     """Open a pack (every check of `open_packed`) and read all of its rows: every block against its
     CRC-32 and all of them against the header's SHA-256. Returns what was checked; a damaged pack is a
     UserError of one line naming the first bad block."""
-    from tqdm import tqdm
-
     if not Path(path).is_dir():
         raise UserError(f"{path} is not a folder; --verify takes a directory written by vitmask pack")
     ds = open_packed(path)
@@ -465,9 +464,7 @@ def verify_packed(path: str | Path, progress: bool = True) -> dict:
         raise UserError(f"{ds.root} holds no checksums to verify its rows against; pack the source again to add them")
     step = check.block_rows if check is not None else 1 << 16
     h, bad = hashlib.sha256(), []
-    with tqdm(
-        total=ds.rows.nbytes, desc="verify", unit="B", unit_scale=True, disable=None if progress else True
-    ) as bar:
+    with Progress(ds.rows.nbytes, "verify", "B", enabled=progress, unit_scale=True) as bar:
         for block, start in enumerate(range(0, len(ds.rows), step)):
             piece = ds.rows[start : start + step]  # (<= step, R): read here
             h.update(piece)

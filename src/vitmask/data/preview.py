@@ -18,10 +18,10 @@ from torchvision.utils import make_grid, save_image
 
 from vitmask.config import Config
 from vitmask.data.batches import SPLITS, eval_batches
-from vitmask.data.masking import num_masked
 from vitmask.data.patches import class_counts, patch_label, patch_mask_to_pixels
 from vitmask.errors import UserError, warn
 from vitmask.outputs import Replaces, write_atomically
+from vitmask.sizes import num_masked
 
 MASK_TINT = torch.tensor([0.2, 0.45, 1.0])  # masked patches: the pixel's gray level blended with this
 PAD = 2  # pixels between grid cells (make_grid's padding)

@@ -16,12 +16,10 @@ import math
 
 import torch
 
+from vitmask.sizes import CHUNK_IMAGES, CHUNK_PIXELS, MAX_SHAPES
+
 RECT, ELLIPSE, LINE, TRIANGLE = range(4)
 KINDS = ("rectangle", "ellipse", "line", "triangle")  # label i names kind i
-MAX_SHAPES = 3
-# pixels drawn per chunk: 2048 images up to 64 x 64, fewer above, so the (n, S, H, W) float
-# temporaries of a chunk stay near 2 GiB whatever the image size (vitmask.runtime.memory counts them)
-CHUNK_PIXELS = 2048 * 64 * 64
 
 
 def _segment_distance(px, py, ax, ay, bx, by):
@@ -96,7 +94,7 @@ def largest_kind(drawn: torch.Tensor, kind: torch.Tensor) -> torch.Tensor:
 
 
 def generate_labelled(
-    n: int, size: int, generator: torch.Generator, chunk: int = 2048
+    n: int, size: int, generator: torch.Generator, chunk: int = CHUNK_IMAGES
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(n, size, size) uint8 binary images and their (n,) int64 labels, deterministic for the generator's state."""
     chunk = max(1, min(chunk, CHUNK_PIXELS // (size * size)))
@@ -106,7 +104,7 @@ def generate_labelled(
     return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
 
 
-def generate(n: int, size: int, generator: torch.Generator, chunk: int = 2048) -> torch.Tensor:
+def generate(n: int, size: int, generator: torch.Generator, chunk: int = CHUNK_IMAGES) -> torch.Tensor:
     """(n, size, size) uint8 binary images, deterministic for the generator's state."""
     return generate_labelled(n, size, generator, chunk)[0]
 

@@ -294,12 +294,8 @@ def read_folder(cfg: DataConfig) -> tuple[dict[str, Raw], Labels]:
     root = _existing(cfg.path, "a folder of PNG, JPEG or BMP files")
     if not root.is_dir():
         raise UserError(f"data.path {root} is not a folder; point data.path at a folder of PNG, JPEG or BMP files")
-    own = {k: root / k for k in ("train", "val", "test") if (root / k).is_dir()}
-    groups = own if {"train", "test"} <= set(own) else {"all": root}
-    files = {
-        k: sorted(p for p in d.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
-        for k, d in groups.items()
-    }
+    groups = folder_parts(root)
+    files = folder_files(groups)
     total = sum(map(len, files.values()))
     if total == 0:
         raise UserError(f"no PNG, JPEG or BMP files under {root}; point data.path at a folder of images")
@@ -335,24 +331,55 @@ def read_folder(cfg: DataConfig) -> tuple[dict[str, Raw], Labels]:
         raise UserError(f"none of the {total} image files under {root} could be read (first: {bad[0][1]})")
     if bad:
         warn(f"skipped {len(bad)} of {total} image files under {root} that could not be read (first: {bad[0][1]})")
-    return out, folder_labels({k: groups[k] for k in kept}, kept)
+    return out, folder_labels(groups, files, kept)
 
 
-def folder_labels(roots: dict[str, Path], kept: dict[str, list[Path]]) -> Labels:
+def folder_parts(root: Path) -> dict[str, Path]:
+    """A folder source's own parts: its train/, test/ (and val/) subfolders where it has train/ and
+    test/, else the folder itself as "all"."""
+    own = {k: root / k for k in ("train", "val", "test") if (root / k).is_dir()}
+    return own if {"train", "test"} <= set(own) else {"all": root}
+
+
+def folder_files(parts: dict[str, Path]) -> dict[str, list[Path]]:
+    """The PNG, JPEG and BMP files under each part, recursively, sorted (readable or not)."""
+    return {
+        k: sorted(p for p in d.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
+        for k, d in parts.items()
+    }
+
+
+def folder_classes(parts: dict[str, Path], files: dict[str, list[Path]]) -> list[str] | Path:
+    """The class names of a folder source, sorted, class i the i-th (as torchvision's ImageFolder):
+    the first-level subfolders that hold image files under any part. Counted over every image file,
+    readable or not, so the names and `folder_labels`' indices agree whatever a read skips. A file
+    outside a class subfolder means the folder has no classes: that file is returned instead."""
+    names = set()
+    for k, paths in files.items():
+        for p in paths:
+            under = p.relative_to(parts[k]).parts
+            if len(under) == 1:
+                return p
+            names.add(under[0])
+    return sorted(names)
+
+
+def folder_labels(parts: dict[str, Path], files: dict[str, list[Path]], kept: dict[str, list[Path]]) -> Labels:
     """As torchvision's ImageFolder: an image's class is the first-level subfolder it lies in under
-    its split's folder (train/, val/, test/, or data.path itself); the class names of every split,
-    sorted, give one shared index. Files outside a class folder mean the folder has no labels."""
-    names = {k: [p.relative_to(roots[k]).parts for p in paths] for k, paths in kept.items()}
-    for k, parts in names.items():
-        loose = [roots[k] / q[0] for q in parts if len(q) == 1]
-        if loose:
-            return (
-                f"{loose[0]} is not in a class subfolder; to label a folder, put each class's images in a "
-                f"subfolder named after it ({roots[k]}/CLASS/...), as torchvision's ImageFolder reads them"
-            )
-    classes = sorted({q[0] for parts in names.values() for q in parts})
+    its part's folder (train/, val/, test/, or data.path itself), numbered by `folder_classes` over
+    every split (one shared index). `kept`: the files read, in the order of their images. A file
+    outside a class folder means the folder has no labels."""
+    classes = folder_classes(parts, files)
+    if isinstance(classes, Path):
+        return (
+            f"{classes} is not in a class subfolder; to label a folder, put each class's images in a "
+            f"subfolder named after it ({classes.parent}/CLASS/...), as torchvision's ImageFolder reads them"
+        )
     index = {c: i for i, c in enumerate(classes)}
-    return {k: torch.tensor([index[q[0]] for q in parts], dtype=torch.long) for k, parts in names.items()}
+    return {
+        k: torch.tensor([index[p.relative_to(parts[k]).parts[0]] for p in paths], dtype=torch.long)
+        for k, paths in kept.items()
+    }
 
 
 # ---- npz ------------------------------------------------------------------------------------------

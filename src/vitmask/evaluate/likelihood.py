@@ -49,6 +49,7 @@ import torch
 from vitmask.data.patches import patches_to_classes, patchify
 from vitmask.errors import UserError
 from vitmask.model.vit import predict_every_patch
+from vitmask.progress import track
 from vitmask.signals import check_stop
 
 MAX_CLASSES = 2**16  # the bound needs the model's softmax over every patch class: 4x4 patches at most
@@ -115,8 +116,6 @@ def nll_bound(
     images (n, H, W) 0/1 on the device. Returns per_image (n,) float64 nats, the MC variance of
     each image's estimate (n,), the stratum edges and the mean masked NLL per stratum (S,).
     """
-    from tqdm import tqdm
-
     n, size = len(images), images.shape[-1]
     num_patches = (size // patch_size) ** 2
     edges = strata_edges(num_patches, strata)
@@ -126,7 +125,7 @@ def nll_bound(
     per_image = max(1, rows // (strata * samples))  # images per forward pass
     gen = torch.Generator().manual_seed(seed)
     values = []
-    bar = tqdm(range(0, n, per_image), desc="nll", leave=False, disable=None if progress else True)  # terminal only
+    bar = track(range(0, n, per_image), "eval --nll", "batch", enabled=progress)  # progress.py: a bar or lines
     for start in bar:
         check_stop()
         chunk = images[start : start + per_image]  # (b, H, W)

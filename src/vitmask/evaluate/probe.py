@@ -25,7 +25,9 @@ the first `train.probe_train_images` train images, with a fixed L2 strength, sco
 validation's own images (`train.eval_images` of val, spread over it: scores.validation_images).
 
 Every long loop here is a stop point (signals.check_stop): each batch of features, each chunk of
-k-NN queries, each loss evaluation of L-BFGS.
+k-NN queries, each loss evaluation of L-BFGS. `run_probes(progress=True)` reports two phases on
+stderr (progress.py): the features, in images, then the fits, a linear fit per L2 strength and the
+k-NN for each kind of features (FITS_PER_PROBE each).
 
 Features are pooled by the grid by default (`--pool grid`, 4 x 4 cells, or as many as the patch
 grid has when it has fewer): on the shipped MNIST model the linear probe scores 0.983 so, and 0.943
@@ -45,8 +47,9 @@ from vitmask.data.batches import LabelledSplits
 from vitmask.data.patches import patchify
 from vitmask.errors import UserError
 from vitmask.evaluate.scores import validation_images
-from vitmask.model.pooling import pool_tokens
+from vitmask.model.pooling import as_layers, feature_name, pool_tokens
 from vitmask.model.vit import MaskedPatchViT, build_model
+from vitmask.progress import Progress
 from vitmask.signals import check_stop
 
 TEMPERATURE = 0.07  # DINO's k-NN temperature: a neighbour's vote weighs exp(similarity / 0.07)
@@ -55,6 +58,7 @@ LBFGS_ITERS = 300  # linear probe: L-BFGS iterations at most (it stops earlier w
 ONLINE_L2 = 1e-3  # online probe: the linear probe's fixed L2 strength (val is what it reports on)
 ONLINE_ITERS = 100
 FEATURE_BATCH = 256  # images per forward pass when extracting features
+FITS_PER_PROBE = len(L2_GRID) + 1  # a probe of one kind of features: a linear fit per L2 strength, then the k-NN
 FLOORS = ("random_weights", "raw_pixels")
 POOLS = ("mean", "grid")  # --pool: the mean of all tokens, or the mean of each cell of a grid
 DEFAULT_POOL = "grid"  # probe, the online probe and finetune pool by the grid unless told otherwise
@@ -62,13 +66,6 @@ DEFAULT_GRID = 4  # --pool grid without --grid: 4 x 4 cells (of 4 x 4 patches on
 
 
 # ---- features -------------------------------------------------------------------------------------
-def as_layers(layer: int | Sequence[int] | None) -> tuple[int | None, ...]:
-    """--layer as a tuple: (None,) for the final normalised tokens, else the blocks in the order given."""
-    if layer is None:
-        return (None,)
-    return (layer,) if isinstance(layer, int) else tuple(layer) or (None,)
-
-
 @torch.no_grad()
 def extract_features(
     model: MaskedPatchViT,
@@ -76,8 +73,10 @@ def extract_features(
     patch_size: int,
     layer: int | Sequence[int] | None = None,
     grid: int | None = None,
+    progress: Progress | None = None,
 ) -> torch.Tensor:
-    """images (n, H, W) uint8 -> (n, F) float32 features, in batches on the model's device, in eval mode.
+    """images (n, H, W) uint8 -> (n, F) float32 features, in batches on the model's device, in eval mode
+    (each batch's images counted on `progress`, when given).
 
     Each layer's tokens (None: the final normalised ones; K: block K's output) pooled by
     `pool_tokens(tokens, grid)`, the layers concatenated in the order given: F = layers * D, or
@@ -93,6 +92,8 @@ def extract_features(
         # nothing masked, so no fill applies: every token sees the whole image
         pooled = [pool_tokens(model.forward_encoder(patches, depth=k), grid) for k in as_layers(layer)]
         out.append(torch.cat(pooled, dim=1).float())  # (b, F)
+        if progress is not None:
+            progress.update(len(chunk))
     model.train(was_training)
     if out:
         return torch.cat(out)
@@ -181,10 +182,16 @@ def accuracy(pred: torch.Tensor, y: torch.Tensor) -> float:
 
 
 def probe_features(
-    feats: dict[str, torch.Tensor], labels: dict[str, torch.Tensor], split: str, k: int, num_classes: int
+    feats: dict[str, torch.Tensor],
+    labels: dict[str, torch.Tensor],
+    split: str,
+    k: int,
+    num_classes: int,
+    progress: Progress | None = None,
 ) -> dict:
     """Both probes on one kind of features: fitted on "train", L2 chosen on "val", scored on `split`.
-    feats: split -> (n, D); labels: split -> (n,) class indices in [0, num_classes)."""
+    feats: split -> (n, D); labels: split -> (n,) class indices in [0, num_classes). Each linear fit
+    and the k-NN count one on `progress`, when given (FITS_PER_PROBE in all)."""
     y_train, y_val, y_eval = labels["train"], labels["val"], labels[split]
     train, val, ev = standardise(feats["train"], feats["val"], feats[split])
     best_l2, best_val, best_fit = L2_GRID[0], -1.0, None
@@ -193,8 +200,12 @@ def probe_features(
         val_acc = accuracy(linear_predict(val, *fit), y_val)
         if val_acc > best_val:
             best_l2, best_val, best_fit = l2, val_acc, fit
+        if progress is not None:
+            progress.update()
     linear = accuracy(linear_predict(ev, *best_fit), y_eval)
     knn = accuracy(knn_predict(feats["train"], y_train, feats[split], k, num_classes), y_eval)
+    if progress is not None:
+        progress.update()
     return {"linear_acc": linear, "knn_acc": knn, "l2": best_l2, "val_linear_acc": best_val}
 
 
@@ -269,10 +280,12 @@ def run_probes(
     seed: int = 0,
     pool: str = DEFAULT_POOL,
     grid: int | None = None,
+    progress: bool = False,
 ) -> dict:
     """The probe report of `model` on `split` (val or test): linear and k-NN accuracy of the model's
     features, the random-weights and raw-pixel floors, and the majority class. `layer`, `pool` and
-    `grid` choose the features (see `extract_features`); the random weights get the same ones."""
+    `grid` choose the features (see `extract_features`); the random weights get the same ones. With
+    `progress`, two phases report on stderr (progress.py): the features, in images, and the fits."""
     labels = require_labels(data, cfg)
     check_layer(layer, cfg.model.depth)
     layers = as_layers(layer)
@@ -285,12 +298,14 @@ def run_probes(
     images = {s: data.images[s] for s in labels}
     p = cfg.data.patch_size
     untrained = random_model(cfg, seed, device)
-    features = {
-        "model": {s: extract_features(model, x, p, layers, grid) for s, x in images.items()},
-        "random_weights": {s: extract_features(untrained, x, p, layers, grid) for s, x in images.items()},
-        "raw_pixels": {s: pixel_features(x.to(device)) for s, x in images.items()},
-    }
-    results = {name: probe_features(f, labels, split, k, num_classes) for name, f in features.items()}
+    with Progress(2 * sum(map(len, images.values())), "probe features", "img", enabled=progress) as bar:
+        features = {
+            "model": {s: extract_features(model, x, p, layers, grid, bar) for s, x in images.items()},
+            "random_weights": {s: extract_features(untrained, x, p, layers, grid, bar) for s, x in images.items()},
+            "raw_pixels": {s: pixel_features(x.to(device)) for s, x in images.items()},
+        }
+    with Progress(len(features) * FITS_PER_PROBE, "probe fits", "fits", enabled=progress) as bar:
+        results = {name: probe_features(f, labels, split, k, num_classes, bar) for name, f in features.items()}
     feature_dim = features["model"]["train"].shape[1]
     majority = torch.bincount(labels["train"], minlength=num_classes).argmax()
     results["majority"] = {"acc": accuracy(torch.full_like(labels[split], int(majority)), labels[split])}
@@ -307,33 +322,6 @@ def run_probes(
         "images": {s: len(images[s]) for s in ("train", "val", split)},
         "results": results,
     }
-
-
-def feature_name(layer: int | Sequence[int] | None, grid: int | None = None, patch_grid: int = 0) -> str:
-    """What the features are, in words, e.g. "mean of block 2's output tokens" or "means of the
-    4x4 grid's cells (4x4 patches each) of the final normalised tokens"."""
-    layers = as_layers(layer)
-    if len(layers) > 1:
-        zero = " (0: the embedded patches)" if 0 in layers else ""
-        tokens = f"the output tokens of blocks {', '.join(map(str, layers))}{zero}, each block's concatenated"
-    elif layers[0] is None:
-        tokens = "the final normalised tokens"
-    else:
-        tokens = "the embedded patches (layer 0)" if layers[0] == 0 else f"block {layers[0]}'s output tokens"
-    if grid is None:
-        return f"mean of {tokens}"
-    return f"means of the {grid}x{grid} grid's cells ({cell_sides(patch_grid, grid)}) of {tokens}"
-
-
-def cell_sides(patch_grid: int, grid: int) -> str:
-    """The cells' sides in patches, in words: "4x4 patches each" (16 in 4), or where `grid` does not
-    divide the patch grid "4x4 patches each, neighbours sharing a row or column" (14 in 4) or "3 to 4
-    patches a side" (8 in 3)."""
-    sides = {-(-(i + 1) * patch_grid // grid) - i * patch_grid // grid for i in range(grid)}  # ceil(end) - floor(start)
-    if len(sides) > 1:
-        return f"{min(sides)} to {max(sides)} patches a side"
-    (c,) = sides
-    return f"{c}x{c} patches each" + ("" if patch_grid % grid == 0 else ", neighbours sharing a row or column")
 
 
 def format_report(report: dict) -> str:

@@ -12,7 +12,6 @@ Shapes: B batch, N patches, M masked patches per image, C token classes.
 
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
 
 from vitmask.config import Config
 from vitmask.data.batches import eval_batches, eval_strategy
@@ -20,6 +19,7 @@ from vitmask.data.packed import spread
 from vitmask.data.patches import patch_label
 from vitmask.evaluate.baselines import LABELS, NAMES, Baselines, fit_baselines
 from vitmask.evaluate.metrics import SCALARS, MaskedPatchMetrics
+from vitmask.progress import track
 from vitmask.signals import check_stop
 
 
@@ -66,8 +66,7 @@ def evaluate(
     if max_batches:
         total = min(total, max_batches)
     desc = f"eval @ {ratio:g}"
-    # `progress`: a bar on stderr while it is a terminal (disable=None), never lines in a log or a pipe
-    bar = tqdm(batches, total=total, desc=desc, leave=False, disable=None if progress else True)
+    bar = track(batches, desc, "batch", total=total, enabled=progress)  # progress.py: a bar, or lines in a log
     for i, batch in enumerate(bar):
         if max_batches and i >= max_batches:
             break

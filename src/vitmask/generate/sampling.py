@@ -24,7 +24,9 @@ device, so a seed repeats a result there. Everything is batched on the device; r
 different counts (`predict_every_patch`: an encoder-decoder model gets one call per distinct count).
 Each round is a stop point (signals.check_stop). An `on_round` hook sees each round's state as it
 ends (`DecodeRound`: what the round fixed, with the probability of each patch's class): the steps
-of an iterative fill, shown one by one (vitmask demo). It reads the round and changes nothing.
+of an iterative fill, shown one by one (vitmask demo). It reads the round and changes nothing. Each
+round also counts one on a `progress.Progress` when one is given (`sample_images(progress=True)`:
+`vitmask sample`'s rounds, with an ETA).
 
 Shapes: B images, H = W side, N patches, P pixels per patch, C classes, T rounds.
 """
@@ -38,6 +40,7 @@ import torch
 from vitmask.data.patches import classes_to_patches, patches_to_classes, patchify, unpatchify
 from vitmask.errors import UserError
 from vitmask.model.vit import predict_every_patch
+from vitmask.progress import Progress
 from vitmask.signals import check_stop
 
 ORDERS = ("confidence", "random")
@@ -122,6 +125,7 @@ def decode_masked(
     options: DecodeOptions = DecodeOptions(),
     generator: torch.Generator | None = None,
     on_round: Callable[[DecodeRound], None] | None = None,
+    progress: Progress | None = None,
 ) -> torch.Tensor:
     """images (B, H, W) 0/1, mask (B, N) True = hidden -> (B, N) int64 classes, every patch decided.
 
@@ -163,6 +167,8 @@ def decode_masked(
         hidden = hidden & ~pick
         if on_round is not None:
             on_round(DecodeRound(t, rounds, pick, classes, hidden, torch.where(was_hidden, probability, math.nan)))
+        if progress is not None:
+            progress.update()  # a round done
     return classes
 
 
@@ -177,17 +183,22 @@ def sample_images(
     device: torch.device | str = "cpu",
     batch_size: int = 256,
     on_round: Callable[[DecodeRound], None] | None = None,
+    progress: bool = False,
 ) -> torch.Tensor:
     """Generate `n` images from a fully masked canvas: (n, H, W) uint8 0/1, in batches of `batch_size`
-    (`on_round`: decode_masked's hook, for each batch)."""
+    (`on_round`: decode_masked's hook, for each batch). With `progress`, the rounds of every batch
+    report on stderr (progress.py)."""
     grid = image_size // patch_size
+    rounds = sum(k > 0 for k in unmask_counts(grid * grid, max(1, min(options.steps, grid * grid))))  # per batch
     out = []
+    bar = Progress(-(-n // batch_size) * rounds, "sample", "rounds", enabled=progress)  # a bar, or lines in a log
     for start in range(0, n, batch_size):
         b = min(batch_size, n - start)
         canvas = torch.zeros(b, image_size, image_size, dtype=torch.uint8, device=device)  # (b, H, W)
         hidden = torch.ones(b, grid * grid, dtype=torch.bool, device=device)  # (b, N): all masked
-        classes = decode_masked(model, canvas, hidden, patch_size, options, generator, on_round)  # (b, N)
+        classes = decode_masked(model, canvas, hidden, patch_size, options, generator, on_round, bar)  # (b, N)
         out.append(unpatchify(classes_to_patches(classes, patch_size**2), patch_size).to(torch.uint8))
+    bar.close()
     return torch.cat(out)  # (n, H, W)
 
 
@@ -200,8 +211,11 @@ def sample_from_seed(
     seed: int,
     device: torch.device | str = "cpu",
     on_round: Callable[[DecodeRound], None] | None = None,
+    progress: bool = False,
 ) -> torch.Tensor:
     """`sample_images` drawn from a generator on `device` seeded with `seed`: (n, H, W) uint8 0/1, the
     images `vitmask sample --seed SEED` writes (and vitmask demo shows) for the same options."""
     generator = torch.Generator(device=device).manual_seed(seed)
-    return sample_images(model, n, image_size, patch_size, options, generator, device, on_round=on_round)
+    return sample_images(
+        model, n, image_size, patch_size, options, generator, device, on_round=on_round, progress=progress
+    )

@@ -16,8 +16,8 @@ import torch
 from torch import nn
 
 from vitmask.config import Config
-from vitmask.data.masking import visible_ids
 from vitmask.errors import UserError
+from vitmask.model.masked_input import visible_ids
 from vitmask.model.pooling import pool_tokens, pool_visible
 from vitmask.model.vit import MaskedPatchViT, build_model
 

@@ -2,7 +2,7 @@
 
 With a decoder, the encoder (`MaskedPatchViT.forward_encoder`) runs on the visible patches alone.
 Every image of a batch hides exactly M patches, so the visible ones gather into a dense (B, V, D)
-tensor with V = N - M and no padding (`vitmask.data.masking.visible_ids`). The decoder takes the encoder's output,
+tensor with V = N - M and no padding (`masked_input.visible_ids`). The decoder takes the encoder's output,
 projects it to its own width E, and predicts the masked patches:
 
 - `self` (MAE, He et al. 2022): a learned mask token is put at every masked position, the visible

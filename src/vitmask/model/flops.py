@@ -2,7 +2,7 @@
 turns it into achieved FLOP/s (docs/benchmarks.md); tests check it against torch's FLOP counter."""
 
 from vitmask.config import Config
-from vitmask.data.masking import num_masked
+from vitmask.sizes import num_masked
 
 
 def forward_flops_per_image(cfg: Config, masked_last_block: bool = True) -> int:

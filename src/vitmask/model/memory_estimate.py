@@ -16,7 +16,7 @@ parts. The estimate counts, in bytes:
   where written out;
 - the images: every split as uint8 plus the patch-class map of train (int64 per patch) and one
   copy while splitting, about 8 bytes a pixel; for `shapes`, also one generation chunk's float
-  temporaries (`shapes.CHUNK_PIXELS`).
+  temporaries (`sizes.CHUNK_PIXELS`).
 
 It is a rough figure (within 2x of the peak for the shipped configs), meant to catch configs that
 are off by orders of magnitude. A config that passes and still runs out of memory on the device
@@ -30,12 +30,11 @@ from dataclasses import dataclass
 import torch
 
 from vitmask.config import Config
-from vitmask.data.masking import num_masked
-from vitmask.data.shapes import CHUNK_PIXELS, MAX_SHAPES
 from vitmask.errors import UserError
 from vitmask.model.layers import writes_out_scores
 from vitmask.runtime.memory import available_bytes, gib
 from vitmask.runtime.process import precision_on
+from vitmask.sizes import CHUNK_IMAGES, CHUNK_PIXELS, MAX_SHAPES, num_masked
 
 EVAL_BATCH = 256  # evaluate()'s batch size
 
@@ -111,7 +110,7 @@ def estimate(cfg: Config, device_type: str = "cpu", training: bool = True) -> Es
     pixels = data.image_size * data.image_size
     image_bytes = images * pixels * 8
     if data.source == "shapes":
-        chunk = max(1, min(2048, CHUNK_PIXELS // pixels, images))
+        chunk = max(1, min(CHUNK_IMAGES, CHUNK_PIXELS // pixels, images))
         image_bytes += chunk * MAX_SHAPES * pixels * 64  # a chunk's (n, S, H, W) float temporaries
     parts["images"] = image_bytes
     return Estimate(parts)

@@ -3,13 +3,15 @@ of the cells of a G x G grid over the patch grid, concatenated (where the stroke
 
 `pool_tokens` is what `vitmask probe`, the online probe, the fine-tuned classifier and the Python
 API's `features` pool by; `pool_visible` pools the tokens of the visible patches only, laid out the
-same way (the classifier when patches are hidden from an encoder that drops them).
+same way (the classifier when patches are hidden from an encoder that drops them). `feature_name`
+says in words which tokens are pooled and how (the probe's report, a classifier's model card).
 
 Shapes: n images, N patches of a g x g grid (N = g * g), V visible patches, D token width, G cells
 per side of the pooling grid.
 """
 
 import math
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -42,3 +44,37 @@ def pool_visible(tokens: torch.Tensor, keep: torch.Tensor, num_patches: int, gri
     full = counted.new_zeros(b, num_patches, d + 1).scatter(1, keep.unsqueeze(-1).expand_as(counted), counted)
     cells = pool_tokens(full, grid).view(b, grid * grid, d + 1)  # (n, G*G, D + 1) cell means over all N
     return (cells[..., :d] / cells[..., d:].clamp_min(1e-6)).flatten(1)  # (n, G*G*D): over the visible only
+
+
+def as_layers(layer: int | Sequence[int] | None) -> tuple[int | None, ...]:
+    """--layer as a tuple: (None,) for the final normalised tokens, else the blocks in the order given."""
+    if layer is None:
+        return (None,)
+    return (layer,) if isinstance(layer, int) else tuple(layer) or (None,)
+
+
+def feature_name(layer: int | Sequence[int] | None, grid: int | None = None, patch_grid: int = 0) -> str:
+    """What the features are, in words, e.g. "mean of block 2's output tokens" or "means of the
+    4x4 grid's cells (4x4 patches each) of the final normalised tokens"."""
+    layers = as_layers(layer)
+    if len(layers) > 1:
+        zero = " (0: the embedded patches)" if 0 in layers else ""
+        tokens = f"the output tokens of blocks {', '.join(map(str, layers))}{zero}, each block's concatenated"
+    elif layers[0] is None:
+        tokens = "the final normalised tokens"
+    else:
+        tokens = "the embedded patches (layer 0)" if layers[0] == 0 else f"block {layers[0]}'s output tokens"
+    if grid is None:
+        return f"mean of {tokens}"
+    return f"means of the {grid}x{grid} grid's cells ({cell_sides(patch_grid, grid)}) of {tokens}"
+
+
+def cell_sides(patch_grid: int, grid: int) -> str:
+    """The cells' sides in patches, in words: "4x4 patches each" (16 in 4), or where `grid` does not
+    divide the patch grid "4x4 patches each, neighbours sharing a row or column" (14 in 4) or "3 to 4
+    patches a side" (8 in 3)."""
+    sides = {-(-(i + 1) * patch_grid // grid) - i * patch_grid // grid for i in range(grid)}  # ceil(end) - floor(start)
+    if len(sides) > 1:
+        return f"{min(sides)} to {max(sides)} patches a side"
+    (c,) = sides
+    return f"{c}x{c} patches each" + ("" if patch_grid % grid == 0 else ", neighbours sharing a row or column")

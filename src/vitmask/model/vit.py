@@ -21,9 +21,9 @@ import torch
 from torch import nn
 
 from vitmask.config import Config, ModelConfig
-from vitmask.data.masking import apply_fill, mask_to_ids, visible_ids
 from vitmask.model.decoder import Decoder
 from vitmask.model.layers import Block, gather_tokens, make_norm
+from vitmask.model.masked_input import apply_fill, mask_to_ids, visible_ids
 from vitmask.model.positions import attach_positions, gather_rope, rope_tables
 
 

@@ -41,8 +41,8 @@ import torch
 from vitmask import __version__
 from vitmask.config import Config, dump_config
 from vitmask.errors import UserError
-from vitmask.evaluate.probe import feature_name
 from vitmask.model.classifier import Classifier, build_classifier
+from vitmask.model.pooling import feature_name
 from vitmask.store import checkpoint, model_files
 from vitmask.store import export as exports
 from vitmask.store.export import BIT_ORDER, ONNX_FILE

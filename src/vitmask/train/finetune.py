@@ -45,6 +45,7 @@ from vitmask.evaluate.probe import FEATURE_BATCH, check_classes, class_indices, 
 from vitmask.evaluate.scores import validation_images
 from vitmask.model.classifier import Classifier, pool_grid
 from vitmask.model.vit import build_model
+from vitmask.progress import Progress
 from vitmask.runtime import distributed
 from vitmask.runtime.distributed import World
 from vitmask.runtime.process import autocast
@@ -241,11 +242,39 @@ class ClassifierReporter(Reporter):
         )
 
 
+class BaselineReporter(ClassifierReporter):
+    """A baseline's run (`vitmask finetune`'s from-scratch classifier): its steps as one progress bar
+    named `desc` (progress.py: a bar with the ETA on a terminal, a line every 30 s elsewhere), and no
+    console lines of its own; the fine-tuning's lines are the ones the console shows."""
+
+    def __init__(self, *args, desc: str, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.desc = desc
+        self.phase = Progress(0, desc, enabled=False)
+
+    def start(self, step: int, progress: bool | None = None) -> None:
+        super().start(step, progress=False)
+        self.phase = Progress(self.cfg.train.max_steps - step, self.desc, "steps", enabled=self.main)
+
+    def advance(self) -> None:
+        super().advance()
+        self.phase.update()
+
+    def end(self) -> None:
+        super().end()
+        self.phase.close()
+
+    def _say(self, line: str) -> None:
+        pass
+
+
 # ---- the trainer ------------------------------------------------------------------------------------
 class FinetuneTrainer(Trainer):
     """The Trainer on the classification task. `encoder` is the pretrained model's state dict (None:
     the encoder starts from its random init, the from-scratch baseline). `data` is cut to
-    finetune.per_class images of each class of each split first (`self.data`: what it reads)."""
+    finetune.per_class images of each class of each split first (`self.data`: what it reads).
+    `baseline`: the name of the baseline this run is (no run dir): its console shows its progress only
+    (`BaselineReporter`)."""
 
     def __init__(
         self,
@@ -256,6 +285,7 @@ class FinetuneTrainer(Trainer):
         logger=None,
         world=None,
         pretrained: str | None = None,
+        baseline: str | None = None,
     ):
         require_labels(data, cfg)
         self.data = data = per_class_data(data, cfg)  # the images this trainer reads (finetune.per_class)
@@ -269,7 +299,10 @@ class FinetuneTrainer(Trainer):
         self.pretrained = pretrained
         super().__init__(cfg, data.images, device, logger=logger, world=world)
         self.train_metrics = ClassifierMetrics(device)
-        self.reporter = ClassifierReporter(cfg, logger, device, main=self.world.main)
+        if baseline is not None:
+            self.reporter = BaselineReporter(cfg, logger, device, main=self.world.main, desc=baseline)
+        else:
+            self.reporter = ClassifierReporter(cfg, logger, device, main=self.world.main)
 
     def build_network(self) -> Classifier:
         encoder = build_model(self.cfg)

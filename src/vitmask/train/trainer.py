@@ -26,6 +26,7 @@ Shapes: B batch, M masked patches per image, C token classes.
 import contextlib
 import math
 import signal
+import time
 from pathlib import Path
 
 import torch
@@ -36,6 +37,7 @@ from vitmask.data.batches import Batch, BatchSampler, training_images
 from vitmask.errors import Stopped, UserError
 from vitmask.evaluate.metrics import MaskedPatchMetrics
 from vitmask.model.vit import build_model
+from vitmask.progress import note
 from vitmask.runtime import distributed, process
 from vitmask.runtime.distributed import World
 from vitmask.signals import StopSignals, interrupted
@@ -310,12 +312,18 @@ class Trainer:
         return val
 
     def _run_step(self) -> None:
-        """One step of the loop; with train.compile, a failure to compile the first one is a UserError."""
+        """One step of the loop; with train.compile, a failure to compile the first one is a UserError,
+        and rank 0 says on stderr when it starts compiling and how long the first step took with it."""
         batch = self.sampler.sample()
         first_compiled = self.cfg.train.compile and not self._stepped
         self._stepped = True
+        if first_compiled and self.world.main:
+            note("train.compile: compiling the training step (the first step waits for it)")
+        started = time.perf_counter()
         with process.compile_failure_as_user_error() if first_compiled else contextlib.nullcontext():
             self.train_step(batch)
+        if first_compiled and self.world.main:
+            note(f"train.compile: compiled in {time.perf_counter() - started:.1f} s (the first step included)")
 
     def _log_train(self) -> None:
         metrics = self.train_metrics.read(self.world)  # the host sync, on logging steps only

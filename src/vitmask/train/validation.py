@@ -19,12 +19,13 @@ import torch
 
 from vitmask.config import Config
 from vitmask.data.batches import Batch, make_batch
-from vitmask.data.masking import num_masked, random_mask
+from vitmask.data.masking import random_mask
 from vitmask.data.packed import PackedImages, spread
 from vitmask.data.patches import class_counts
 from vitmask.evaluate.scores import evaluate, validation_images
 from vitmask.runtime.process import autocast
 from vitmask.signals import check_stop
+from vitmask.sizes import num_masked
 
 GRID_IMAGES = 8  # val images in the TensorBoard reconstruction grid
 COUNTED_IMAGES = 1 << 20  # packed train splits: images the majority class is counted over
