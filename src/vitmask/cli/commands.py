@@ -22,10 +22,10 @@ from pathlib import Path
 import typer
 from typer.core import TyperGroup
 
-try:  # typer < 0.20 depends on click; newer releases vendor it
-    from click.exceptions import UsageError
-except ImportError:  # pragma: no cover - depends on the installed typer
+try:  # typer >= 0.20 vendors click and raises its own UsageError; older releases raise click's
     from typer._click.exceptions import UsageError
+except ImportError:  # pragma: no cover - depends on the installed typer
+    from click.exceptions import UsageError
 
 from vitmask import outputs
 from vitmask.cli import finetune as finetune_verb
