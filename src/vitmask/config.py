@@ -104,7 +104,7 @@ MAX_CONFIG_BYTES = 1 << 20  # a config file's size (a real one is under 4 KiB)
 
 @dataclass(frozen=True)
 class DataConfig:
-    """`data`: where images come from, how they become binary images and patches, and the batch."""
+    """The `data` section: where images come from, how they become binary images and patches, the batch."""
 
     source: Source = "shapes"
     """Where images come from: generated shapes, a torchvision dataset, idx files, a folder of image
@@ -215,7 +215,7 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class MaskConfig:
-    """`mask`: which patches are hidden from the model, and what it sees in their place."""
+    """The `mask` section: which patches are hidden from the model, and what it sees in their place."""
 
     strategy: MaskStrategy = "random"
     """random: patches drawn uniformly; block: BEiT-style rectangles of patches; mixed: per image,
@@ -268,7 +268,7 @@ class MaskConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """`model`: the transformer (and, with `decoder`, its decoder)."""
+    """The `model` section: the transformer (and, with `decoder`, its decoder)."""
 
     hidden_dim: int = 128
     """Width of every token vector (D); a multiple of `num_heads`."""
@@ -448,7 +448,7 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """`train`: the optimisation, its schedule and precision, validation and checkpoints."""
+    """The `train` section: the optimisation, its schedule and precision, validation and checkpoints."""
 
     lr: float = 1e-3
     """Peak learning rate, reached at the end of warmup; in (0, 1]."""
@@ -542,7 +542,7 @@ Pooling = Literal["mean", "grid"]
 
 @dataclass(frozen=True)
 class FinetuneConfig:
-    """`finetune`: a classifier on a pretrained encoder, trained by `vitmask finetune`
+    """The `finetune` section: a classifier on a pretrained encoder, trained by `vitmask finetune`
     (docs/export.md#fine-tuning-on-labels). A fine-tuned classifier keeps these keys, and `vitmask
     eval`, `predict` and `export` read its pooling and `per_class` (docs/classifier.md)."""
 
