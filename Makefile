@@ -35,6 +35,7 @@ lint: install
 	$(PY) scripts/check_imports.py
 	$(PY) scripts/check_history.py
 	$(PY) scripts/check_links.py
+	$(PY) scripts/gen_reference.py --check
 
 format: install
 	$(PY) -m ruff format src tests scripts

@@ -1,10 +1,12 @@
 """Configuration: frozen, typed dataclasses loaded from YAML.
 
-A config file has the sections `data`, `mask`, `model` and `train` plus the top-level `seed`.
-Keys are addressed with dots (`model.hidden_dim`) by `--set KEY=VALUE` overrides, which are applied
-last. Every check lives in a `__post_init__`, so a bad config fails at load with the field's name.
-Unknown keys are rejected with the nearest valid key. Every number must be finite (no NaN or inf)
-and in its range; seeds must be ones torch's generators take (`SEED_RANGE`).
+A config file has the top-level keys `seed` and `name` and the sections `data`, `mask`, `model`,
+`train` and `finetune`. Each key's meaning is the docstring under its field, from which
+scripts/gen_reference.py writes docs/configuration.md. Keys are addressed with dots
+(`model.hidden_dim`) by `--set KEY=VALUE` overrides, which are applied last. Every check lives in
+a `__post_init__`, so a bad config fails at load with the field's name. Unknown keys are rejected
+with the nearest valid key. Every number must be finite (no NaN or inf) and in its range; seeds
+must be ones torch's generators take (`SEED_RANGE`).
 """
 
 from __future__ import annotations
@@ -67,7 +69,9 @@ def int_text(value: int) -> str:
     return f"a number of about {int(abs(value).bit_length() * 0.30103) + 1} digits"
 
 
-# The choices of each choice field: the one place a new choice is added (checked by `_choices`).
+# The choices of each choice field: the one place a new choice is added. The validation reads them from
+# the fields' annotations (`_choices`, `_coerce`), and scripts/gen_reference.py lists them in
+# docs/configuration.md from the same annotations.
 Source = Literal["shapes", "torchvision", "idx", "folder", "npz", "npy", "packed"]
 TorchvisionName = Literal["MNIST", "FashionMNIST", "KMNIST", "EMNIST", "QMNIST", "Omniglot"]
 EmnistSplit = Literal["byclass", "bymerge", "balanced", "letters", "digits", "mnist"]
@@ -82,13 +86,10 @@ Positions = Literal["learned", "sincos2d", "rope2d", "rope2d+learned"]
 AttentionImpl = Literal["auto", "sdpa", "explicit"]
 DecoderDesign = Literal["none", "self", "cross"]
 Optimizer = Literal["adam", "adamw", "muon"]
-MuonDtype = Literal["fp32", "bf16"]  # the dtype of Muon's Newton-Schulz iteration, the same on every device
+MuonDtype = Literal["fp32", "bf16"]
 Schedule = Literal["constant", "cosine", "linear"]
 Precision = Literal["fp32", "bf16", "fp16", "auto"]
 CompileMode = Literal["default", "reduce-overhead", "max-autotune"]  # torch.compile(mode=...)
-# the training step's shapes (train.trainer.static_step): static = one graph for every masked count,
-# masked = the last block computes only the M masked tokens, auto = static on CUDA under a ratio
-# schedule without a decoder, masked elsewhere
 StepShapes = Literal["auto", "static", "masked"]
 
 MAX_DEPTH = 1024  # blocks: far beyond any model this trainer is for, and quick to build and count
@@ -103,30 +104,60 @@ MAX_CONFIG_BYTES = 1 << 20  # a config file's size (a real one is under 4 KiB)
 
 @dataclass(frozen=True)
 class DataConfig:
-    source: Source = "shapes"  # where images come from (docs/data.md)
-    path: str = "data"  # torchvision: root; idx, folder, npy, packed: a directory; npz: a .npz file
-    name: TorchvisionName = "MNIST"  # torchvision: the dataset
-    emnist_split: EmnistSplit = "balanced"  # torchvision EMNIST: the split
-    download: bool = False  # torchvision: fetch the dataset into path when it is not there
-    npz_key: str = "images"  # npz: the archive's key of the image array, (n, H, W) or (n, H, W, C)
-    npz_labels_key: str = "labels"  # npz: the key of the labels array (n,), one class per image; optional
-    bad_files: BadFiles = "skip"  # folder: unreadable image files are skipped (count on stderr), or fail
-    val_fraction: float = 0.1  # share held out for validation (of the train split where a source has one)
-    test_fraction: float = 0.1  # share held out for testing, where a source has no test split of its own
-    split_seed: int | None = None  # seed of the train/val/test split (shapes: of the images); null = `seed`
-    image_size: int = 32  # images are square, image_size x image_size pixels
-    patch_size: int = 2  # patches are patch_size x patch_size pixels; 2^(p*p) token classes
-    batch_size: int = 128  # images per optimisation step (the global batch)
-    num_train: int = 20000  # shapes: training images generated
-    num_val: int = 1000  # shapes: validation images
-    num_test: int = 2000  # shapes: test images
-    fit: Fit = "pad"  # how images of another size are fitted to image_size
-    threshold: float = 0.5  # a pixel is foreground when its gray level >= threshold * 255
-    invert: bool = False  # swap foreground and background after thresholding
-    max_per_class: int = 0  # npy: take at most this many images from each <class>.npy file; 0 = all
-    # packed: whether the packed training split is copied to the device: auto (on CUDA when it fits, with a
-    # margin for the model) | true (always; refused when it does not fit) | false (gathered from the memory map)
-    on_device: Literal["auto"] | bool = "auto"  # auto, true or false, as above
+    """The `data` section: where images come from, how they become binary images and patches, the batch."""
+
+    source: Source = "shapes"
+    """Where images come from: generated shapes, a torchvision dataset, idx files, a folder of image
+    files or an .npz archive (docs/data.md), a folder of <class>.npy files or a pack written by
+    `vitmask pack` (docs/corpora.md)."""
+    path: str = "data"
+    """What the source reads (unused by shapes): torchvision: the root it downloads to or reads from;
+    idx: a folder of idx image files, or one such file; folder, npy, packed: a folder; npz: a .npz file."""
+    name: TorchvisionName = "MNIST"
+    """torchvision: the dataset."""
+    emnist_split: EmnistSplit = "balanced"
+    """torchvision EMNIST: the split."""
+    download: bool = False
+    """torchvision: fetch the dataset into `data.path` when it is not there."""
+    npz_key: str = "images"
+    """npz: the archive's key of the image array, (n, H, W) or (n, H, W, C)."""
+    npz_labels_key: str = "labels"
+    """npz: the key of the labels array (n,), one class per image; optional."""
+    bad_files: BadFiles = "skip"
+    """folder: unreadable image files are skipped (their count on stderr), or fail the run."""
+    val_fraction: float = 0.1
+    """Share held out for validation (of the train split where a source has one); in (0, 1)."""
+    test_fraction: float = 0.1
+    """Share held out for testing, where a source has no test split of its own; in (0, 1), and
+    `val_fraction + test_fraction` < 1."""
+    split_seed: int | None = None
+    """Seed of the train/val/test split (shapes: of the images); null: the top-level `seed`."""
+    image_size: int = 32
+    """Images are square, image_size x image_size pixels; a multiple of `patch_size`."""
+    patch_size: int = 2
+    """Patches are patch_size x patch_size pixels, 1 to 4; 2^(patch_size^2) token classes."""
+    batch_size: int = 128
+    """Images per optimisation step (the global batch)."""
+    num_train: int = 20000
+    """shapes: training images generated."""
+    num_val: int = 1000
+    """shapes: validation images."""
+    num_test: int = 2000
+    """shapes: test images."""
+    fit: Fit = "pad"
+    """How images of another size are fitted to image_size: pad (centred on a black canvas, the
+    centre of a longer side cropped), resize (bilinear), center_crop (the centre cropped, a shorter
+    side padded), none (images must already be image_size x image_size)."""
+    threshold: float = 0.5
+    """A pixel is foreground when its gray level >= threshold * 255; in [0, 1]."""
+    invert: bool = False
+    """Swap foreground and background after thresholding."""
+    max_per_class: int = 0
+    """npy: take at most this many images from each <class>.npy file; 0: all."""
+    on_device: Literal["auto"] | bool = "auto"
+    """packed: whether the packed training split is copied to the device: auto (on CUDA when it takes
+    under half the free memory), true (always; refused when it does not fit) or false (batches are
+    gathered from the memory map)."""
 
     def __post_init__(self) -> None:
         _finite(self, "data.")
@@ -184,18 +215,31 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class MaskConfig:
-    strategy: MaskStrategy = "random"  # random: patches drawn uniformly | block: BEiT-style rectangles of patches |
-    # mixed: per image, block with probability block_share, else random (validation and eval read it as random)
-    ratio: float = 0.5  # share of patches masked per image (exactly round(ratio * N)); validation always uses it
-    # how training draws the masked count M, once per batch: fixed (mask.ratio) | uniform (over the counts of
-    # ratio_range) | cosine (MaskGIT: ratio = cos(pi/2 * u), u ~ U(0, 1), in ratio_range)
-    ratio_schedule: RatioSchedule = "fixed"  # how M is drawn for each batch, as above
-    ratio_range: tuple[float, float] | None = None  # [min, max] of uniform and cosine; null = all of (0, 1)
-    block_share: float = 0.5  # mixed: the share of images that get a block mask
-    block_min_patches: int = 16  # block: smallest rectangle, in patches (BEiT: 16)
-    block_aspect: tuple[float, float] = (0.3, 3.3)  # block: range of a rectangle's height/width (BEiT: 0.3, 1/0.3)
-    fill: float | str = 0.5  # what the model sees for a masked patch: a pixel value in [0, 1] (the seed's
-    # scheme: its pixels are replaced by it) or "learned" (its embedding is replaced by a trained vector)
+    """The `mask` section: which patches are hidden from the model, and what it sees in their place."""
+
+    strategy: MaskStrategy = "random"
+    """random: patches drawn uniformly; block: BEiT-style rectangles of patches; mixed: per image,
+    block with probability `block_share`, else random (validation and `vitmask eval` read mixed as
+    random)."""
+    ratio: float = 0.5
+    """Share of patches masked per image (exactly round(ratio * N)); in (0, 1). Validation uses it,
+    and `vitmask eval` unless given --mask-ratio."""
+    ratio_schedule: RatioSchedule = "fixed"
+    """How training draws the masked count M, once per batch: fixed (`mask.ratio`), uniform (over the
+    counts of `ratio_range`) or cosine (MaskGIT: ratio = cos(pi/2 * u), u ~ U(0, 1), in `ratio_range`)."""
+    ratio_range: tuple[float, float] | None = None
+    """[min, max] of the uniform and cosine schedules, 0 < min <= max < 1; null: all of (0, 1). A
+    config that sets the range and no `ratio_schedule` reads as uniform."""
+    block_share: float = 0.5
+    """mixed: the share of images that get a block mask; in [0, 1]."""
+    block_min_patches: int = 16
+    """block: the smallest rectangle, in patches (BEiT: 16)."""
+    block_aspect: tuple[float, float] = (0.3, 3.3)
+    """block: the range of a rectangle's height / width (BEiT: 0.3 to 1/0.3)."""
+    fill: float | str = 0.5
+    """What the model sees for a masked patch: a pixel value in [0, 1] that replaces its pixels, or
+    `learned` (its token is replaced by a trained vector); must be `learned` with a `model.decoder`
+    (docs/notation.md#input-of-a-masked-patch)."""
 
     def __post_init__(self) -> None:
         _finite(self, "mask.")
@@ -224,34 +268,60 @@ class MaskConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    hidden_dim: int = 128  # width of every token vector (D)
-    num_heads: int = 4  # attention heads; head_dim = hidden_dim / num_heads
-    depth: int = 4  # transformer blocks; at most MAX_DEPTH
-    ffn_dim: int = 512  # hidden width of the feed-forward network
-    activation: Activation = "gelu"  # relu2: max(0, x)^2; swiglu: silu(x W_1) * x W_3, then W_2, no biases
-    norm: Norm = "layernorm"  # the norm of every block
-    norm_position: NormPosition = "pre"  # pre: x + f(norm(x)); post: norm(x + f(x))
-    qkv_bias: bool = True  # bias on the Q, K and V projections
-    out_proj: bool = True  # linear projection after concatenating the heads
-    zero_init_residual: bool = False  # last linear of each branch (W_O, FFN W_2) at 0: blocks start as identity
-    dropout: float = 0.0  # dropout on attention weights and on each residual branch
-    # k > 0: each block first adds a depthwise k x k convolution over the grid of tokens (local mixing, CPE)
-    token_conv: int = 0  # kernel size k of that convolution, odd; 0 = none
-    num_kv_heads: int = 0  # key/value heads for grouped-query attention; 0 = num_heads (plain multi-head)
-    # rope2d+learned: rotary, plus a learned vector added, so a token knows where it is even when all it sees is
-    # the mask embedding (under rope2d alone a blank canvas looks the same at every position)
-    pos: Positions = "learned"  # learned, sincos2d (fixed 2D sin-cos): added; rope2d: 2D rotary
-    # auto: SDPA, except on CPU under bf16/fp16 autocast, where the written-out form trains faster
-    attention: AttentionImpl = "auto"  # sdpa: F.scaled_dot_product_attention; explicit: softmax(Q K^T / sqrt(d)) V
-    # none: one stack over all N tokens (masked ones as mask.fill) | self: MAE, the encoder (the keys above) sees
-    # the visible patches only, a decoder self-attends over them and mask tokens | cross: CrossMAE, mask tokens
-    # at the masked positions cross-attend to the encoder's output (README, Encoder-decoder); needs mask.fill=learned
-    decoder: DecoderDesign = "none"  # self: MAE, cross: CrossMAE, as above
-    decoder_depth: int = 1  # decoder blocks (self, cross)
-    decoder_dim: int = 0  # decoder width E (the encoder's output is projected to it); 0 = hidden_dim
-    decoder_heads: int = 0  # decoder attention heads (plain multi-head, no grouped K/V); 0 = num_heads
-    decoder_ffn_dim: int = 0  # decoder FFN width; 0 = ffn_dim * decoder width / hidden_dim (the encoder's ratio)
-    decoder_self_attn: bool = False  # cross: in each block the mask queries also self-attend, before cross-attending
+    """The `model` section: the transformer (and, with `decoder`, its decoder)."""
+
+    hidden_dim: int = 128
+    """Width of every token vector (D); a multiple of `num_heads`."""
+    num_heads: int = 4
+    """Attention heads; head_dim = hidden_dim / num_heads."""
+    depth: int = 4
+    """Transformer blocks; at most 1024."""
+    ffn_dim: int = 512
+    """Hidden width of the feed-forward network."""
+    activation: Activation = "gelu"
+    """The feed-forward network's activation: relu, gelu, relu2 (max(0, x)^2) or swiglu
+    (silu(x W_1) * x W_3, then W_2; no biases)."""
+    norm: Norm = "layernorm"
+    """The norm of every block."""
+    norm_position: NormPosition = "pre"
+    """pre: x + f(norm(x)); post: norm(x + f(x))."""
+    qkv_bias: bool = True
+    """Bias on the Q, K and V projections."""
+    out_proj: bool = True
+    """A linear projection after concatenating the heads."""
+    zero_init_residual: bool = False
+    """The last linear of each branch (W_O, the FFN's W_2) starts at 0, so blocks start as the identity."""
+    dropout: float = 0.0
+    """Dropout on the attention weights and on each residual branch; in [0, 1)."""
+    token_conv: int = 0
+    """k > 0: each block first adds a depthwise k x k convolution over the zero-padded grid of tokens
+    (local mixing, as CPE); k odd and at most 2 * the grid's side - 1; 0: none. Not with a decoder."""
+    num_kv_heads: int = 0
+    """Key/value heads for grouped-query attention; must divide `num_heads`; 0: num_heads (plain
+    multi-head)."""
+    pos: Positions = "learned"
+    """Positions: learned (a learned vector added), sincos2d (fixed 2D sin-cos, added; hidden_dim a
+    multiple of 4), rope2d (2D rotary on Q and K; head_dim a multiple of 4) or rope2d+learned (both:
+    a token knows where it is even when all it sees is the mask embedding, where under rope2d alone
+    a blank canvas looks the same at every position)."""
+    attention: AttentionImpl = "auto"
+    """auto: sdpa, except on CPU under bf16/fp16 autocast, where the written-out form trains faster;
+    sdpa: F.scaled_dot_product_attention; explicit: softmax(Q K^T / sqrt(d)) V written out."""
+    decoder: DecoderDesign = "none"
+    """none: one stack over all N tokens (masked ones as `mask.fill`); self: MAE, the encoder (the keys
+    above) sees the visible patches only and a decoder self-attends over them and mask tokens; cross:
+    CrossMAE, mask queries at the masked positions cross-attend to the encoder's output
+    (docs/architecture.md#encoder-decoder-designs). A decoder needs `mask.fill: learned`."""
+    decoder_depth: int = 1
+    """Decoder blocks (self, cross)."""
+    decoder_dim: int = 0
+    """Decoder width E (the encoder's output is projected to it); 0: hidden_dim."""
+    decoder_heads: int = 0
+    """Decoder attention heads (plain multi-head, no grouped K/V); 0: num_heads."""
+    decoder_ffn_dim: int = 0
+    """Decoder FFN width; 0: ffn_dim * E / hidden_dim (the encoder's ratio)."""
+    decoder_self_attn: bool = False
+    """cross: in each block the mask queries also self-attend, before cross-attending."""
 
     @property
     def kv_heads(self) -> int:
@@ -378,33 +448,71 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    lr: float = 1e-3  # peak learning rate, reached at the end of warmup; in (0, 1]
-    max_steps: int = 2000  # optimisation steps in the whole run
-    eval_every: int = 250  # steps between validations (and at the last step)
-    checkpoint_every: int = 500  # steps between checkpoints (and at the last step)
-    log_every: int = 25  # steps between training-scalar logs
-    eval_images: int = 10000  # val images per validation, spread evenly over the split, the same every time; 0 = all
-    optimizer: Optimizer = "adam"  # adamw: decoupled decay; muon: on the blocks' matrices, AdamW elsewhere
-    muon_dtype: MuonDtype = "fp32"  # muon: the dtype of its Newton-Schulz iteration, on every device
-    weight_decay: float = 0.0  # decay of weight matrices only; never biases, norms, pos or mask_token; in [0, 1]
-    beta1: float = 0.9  # Adam's decay rate of the gradient mean
-    beta2: float = 0.999  # Adam's decay rate of the squared-gradient mean
-    eps: float = 1e-8  # Adam's epsilon; in (0, 1]
-    schedule: Schedule = "constant"  # lr after warmup; cosine and linear decay to min_lr at max_steps
-    warmup_steps: int = 0  # linear warmup from 0 to lr over this many steps
-    min_lr: float = 0.0  # the lr the cosine and linear decays end at
-    grad_clip: float = 0.0  # clip the global gradient norm to this; 0 = no clipping (the norm is still logged)
-    accum_steps: int = 1  # micro-batches per step; data.batch_size must be divisible by it
-    precision: Precision = "fp32"  # bf16: autocast; fp16: + GradScaler, CUDA only; auto: bf16 where native
-    compile: bool = False  # wrap the model in torch.compile
-    compile_mode: CompileMode = "default"  # torch.compile mode; reduce-overhead: CUDA graphs
-    step_shapes: StepShapes = "auto"  # static: every token to the head, the loss weighted by the mask
-    deterministic: bool = False  # ask torch for deterministic algorithms (slower; exact resume on CPU)
-    keep_last: int = 3  # step_*.pt checkpoints kept in the run dir (last.pt and best.pt always kept)
-    probe_every: int = 0  # steps between online probes (k-NN and linear accuracy on the validation images); 0 = off
-    probe_train_images: int = 2000  # online probe: the first this many train images are what the probes fit
-    # EMA of the weights, kept in fp32 and updated after every step with decay min(ema_decay, (1 + t) / (10 + t))
-    ema_decay: float = 0.0  # at update t (0-based): the warm-up of timm's ModelEma; 0 = off; in [0, 1)
+    """The `train` section: the optimisation, its schedule and precision, validation and checkpoints."""
+
+    lr: float = 1e-3
+    """Peak learning rate, reached at the end of warmup; in (0, 1]."""
+    max_steps: int = 2000
+    """Optimisation steps in the whole run."""
+    eval_every: int = 250
+    """Steps between validations (and at the last step)."""
+    checkpoint_every: int = 500
+    """Steps between checkpoints (and at the last step)."""
+    log_every: int = 25
+    """Steps between training-scalar logs."""
+    eval_images: int = 10000
+    """Val images per validation (and online probe), spread evenly over the val split, the same
+    images under the same masks every time; the whole split when it holds no more; 0: the whole
+    split, whatever its size (docs/training.md#validation)."""
+    optimizer: Optimizer = "adam"
+    """adam, adamw (decoupled decay) or muon (Muon on the blocks' weight matrices, AdamW elsewhere;
+    docs/training.md#optimizer-and-schedule)."""
+    muon_dtype: MuonDtype = "fp32"
+    """muon: the dtype of its Newton-Schulz iteration, the same on every device."""
+    weight_decay: float = 0.0
+    """Decay of weight matrices only, never biases, norms, `pos` or `mask_token` (adam: an L2 term in
+    the gradient; adamw and muon: decoupled); in [0, 1]."""
+    beta1: float = 0.9
+    """Adam's decay rate of the gradient mean; in [0, 1)."""
+    beta2: float = 0.999
+    """Adam's decay rate of the squared-gradient mean; in [0, 1)."""
+    eps: float = 1e-8
+    """Adam's epsilon; in (0, 1]."""
+    schedule: Schedule = "constant"
+    """The lr after warmup: constant, or a cosine or linear decay to `min_lr` at `max_steps`."""
+    warmup_steps: int = 0
+    """A linear warmup from 0 to lr over this many steps."""
+    min_lr: float = 0.0
+    """The lr the cosine and linear decays end at; in [0, lr]."""
+    grad_clip: float = 0.0
+    """Clip the global gradient norm to this; 0: no clipping (the norm is still logged)."""
+    accum_steps: int = 1
+    """Micro-batches per step; must divide `data.batch_size`."""
+    precision: Precision = "fp32"
+    """fp32; bf16 (autocast); fp16 (autocast and a GradScaler, CUDA only); auto (bf16 where the device
+    runs it natively, else fp32; docs/training.md#precision-and-compile)."""
+    compile: bool = False
+    """Wrap the model in torch.compile (needs a C++ compiler on a CPU)."""
+    compile_mode: CompileMode = "default"
+    """The torch.compile mode: default, reduce-overhead (CUDA graphs) or max-autotune (docs/gpu.md)."""
+    step_shapes: StepShapes = "auto"
+    """The training step's shapes: static (every token to the head, the loss weighted by the mask:
+    one compiled graph for every masked count), masked (the last block computes only the masked
+    tokens) or auto (static for a compiled CUDA step under a ratio schedule without a decoder, masked
+    elsewhere). static needs `model.decoder: none`."""
+    deterministic: bool = False
+    """Ask torch for deterministic algorithms (slower; exact resume on a CPU)."""
+    keep_last: int = 3
+    """step_*.pt checkpoints kept in the run dir (last.pt and best.pt are always kept)."""
+    probe_every: int = 0
+    """Steps between online probes (k-NN and linear accuracy on the validation's val images, from the
+    labels); 0: off."""
+    probe_train_images: int = 2000
+    """Online probe: the first this many train images are what the probes fit."""
+    ema_decay: float = 0.0
+    """An exponential moving average of the weights, kept in fp32 and updated after every step with
+    decay min(ema_decay, (1 + t) / (10 + t)) at update t (0-based; timm's ModelEma warm-up); 0: off;
+    in [0, 1) (docs/export.md)."""
 
     def __post_init__(self) -> None:
         _finite(self, "train.")
@@ -434,17 +542,34 @@ Pooling = Literal["mean", "grid"]
 
 @dataclass(frozen=True)
 class FinetuneConfig:
-    """`vitmask finetune`: a classifier on the pretrained encoder (read by finetune only)."""
+    """The `finetune` section: a classifier on a pretrained encoder, trained by `vitmask finetune`
+    (docs/export.md#fine-tuning-on-labels). A fine-tuned classifier keeps these keys, and `vitmask
+    eval`, `predict` and `export` read its pooling and `per_class` (docs/classifier.md)."""
 
-    pool: Pooling = "grid"  # how the tokens become features: mean (of all) | grid (the mean of each cell, concatenated)
-    grid: int = 4  # pool grid: cells a side (G*G*D features), 1 to the patches a side
-    layer_decay: float = 1.0  # layer-wise lr decay: block k of L gets lr * layer_decay^(L + 1 - k); 1 = off; (0, 1]
-    freeze_steps: int = 0  # steps at the start in which only the head trains (the encoder's lr is 0)
-    head_init_std: float = 0.01  # std of the new head's normal init (its bias starts at 0)
-    # regularisers of the training batches only (never val or test), drawn per step from the run's seed:
-    shift: int = 0  # move each image by a random whole number of pixels in [-shift, shift] per axis (0 fill); 0 = off
-    mask_ratio: float = 0.0  # hide round(mask_ratio * N) random patches of each image from the encoder; 0 = off; [0, 1)
-    per_class: int = 0  # read at most this many images of each class from each split, a seeded choice; 0 = all
+    pool: Pooling = "grid"
+    """How the tokens become features: mean (of all tokens) or grid (the mean of each cell of a grid,
+    concatenated)."""
+    grid: int = 4
+    """grid pooling: G cells a side (G * G * D features), 1 to the patches a side."""
+    layer_decay: float = 1.0
+    """Layer-wise lr decay: block k of L gets lr * layer_decay^(L + 1 - k); 1: off; in (0, 1]."""
+    freeze_steps: int = 0
+    """Steps at the start in which only the head trains (the encoder's lr is 0)."""
+    head_init_std: float = 0.01
+    """Std of the new head's normal init (its bias starts at 0); > 0."""
+    shift: int = 0
+    """Training batches only (never val or test), drawn per step from the run's seed: each image moves
+    by a random whole number of pixels in [-shift, shift] on each axis, the background (0) filling
+    in; 0: off; in [0, data.image_size - 1]."""
+    mask_ratio: float = 0.0
+    """Training batches only (never val or test), drawn per step from the run's seed: each image hides
+    round(mask_ratio * N) random patches (at most N - 1) from the encoder, as pretraining hid them;
+    0: off; in [0, 1)."""
+    per_class: int = 0
+    """Images of each class read from each split (train, val, test), a seeded choice that keeps the
+    split's order (the split seed: `vitmask probe --per-class` with the same number reads the same
+    images, and `vitmask eval` of the classifier scores the same test images); 0: every image. How a
+    pack of any size is fine-tuned (docs/classifier.md#packs-and-large-corpora)."""
 
     def __post_init__(self) -> None:
         _finite(self, "finetune.")
@@ -462,13 +587,19 @@ class FinetuneConfig:
 
 @dataclass(frozen=True)
 class Config:
-    seed: int = 0  # seeds every random number generator of a run
+    """A whole config: the top-level keys and one dataclass per section."""
+
+    seed: int = 0
+    """Seeds every random number generator of a run."""
     data: DataConfig = field(default_factory=DataConfig)
     mask: MaskConfig = field(default_factory=MaskConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
-    name: str = "default"  # run name: runs/<name> unless --run-dir is given; a plain name, not a path
+    name: str = "default"
+    """The run's name: it trains in runs/<name> unless --run-dir is given; a plain folder name, not a
+    path. A config file without one is named after the file (`load_config`: configs/mnist.yaml is
+    mnist); "default" is only the name of a config built in Python with none."""
 
     @property
     def split_seed(self) -> int:

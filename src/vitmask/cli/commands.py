@@ -8,33 +8,92 @@ stdout (`vitmask eval | head -1`, `--help` too) ends quietly with exit code 141,
 reports for a writer stopped by SIGPIPE; a path the file system refuses in a way no check
 foresaw (too long, a symlink loop, an I/O error) ends in one line naming it. Anything else is a
 bug and keeps its traceback.
+
+Parsing, `--help` and `--version` never import torch (seconds): the modules that do are imported
+when a command runs (`_library_first`, `_ImportedOnFirstUse`).
 """
 
 import contextlib
+import functools
+import importlib
 import inspect
 import json
 import os
 import signal
 import sys
 import threading
+from importlib import metadata
 from pathlib import Path
 
 import typer
 from typer.core import TyperGroup
 
-try:  # typer < 0.20 depends on click; newer releases vendor it
-    from click.exceptions import UsageError
-except ImportError:  # pragma: no cover - depends on the installed typer
+try:  # typer >= 0.20 vendors click and raises its own UsageError; older releases raise click's
     from typer._click.exceptions import UsageError
+except ImportError:  # pragma: no cover - depends on the installed typer
+    from click.exceptions import UsageError
 
+import vitmask
 from vitmask import outputs
-from vitmask.cli import finetune as finetune_verb
-from vitmask.cli import verbs
 from vitmask.config import dump_config
 from vitmask.errors import Stopped, UserError
 from vitmask.outputs import reason
-from vitmask.runtime.memory import is_out_of_memory, out_of_memory
 from vitmask.signals import Interrupted, early_stop
+
+
+class CannotStart(Exception):
+    """torch could not be imported for want of a writable temporary directory (its compiler's caches
+    find one at import): a full disk, a read-only /tmp. Nothing has been read or written yet."""
+
+
+class _ImportedOnFirstUse:
+    """A module imported on its first attribute access (`verbs.train`), so that parsing and `--help`,
+    which never reach a command's body, do not import torch (seconds) through it."""
+
+    def __init__(self, name: str):
+        self._name = name
+
+    def __getattr__(self, attr: str):
+        return getattr(importlib.import_module(self._name), attr)
+
+
+verbs = _ImportedOnFirstUse("vitmask.cli.verbs")
+finetune_verb = _ImportedOnFirstUse("vitmask.cli.finetune")
+
+
+def _library_first(callback):
+    """`callback` (a command) importing the library first: `vitmask.cli.verbs`, and with it torch,
+    torchvision and torch's compiler. An import that fails for want of a temporary directory is then
+    one line (`CannotStart`), whichever module the command would import first. Parsing and `--help`
+    run no command, so they never import torch."""
+
+    @functools.wraps(callback)
+    def run(*args, **kwargs):
+        try:
+            importlib.import_module("vitmask.cli.verbs")
+        except OSError as e:
+            raise CannotStart(
+                f"{reason(e)} while importing torch (it needs a writable temporary directory); free disk space, "
+                "or set TMPDIR to a writable folder with room, and run again"
+            ) from None
+        return callback(*args, **kwargs)
+
+    return run
+
+
+def version_lines() -> list[str]:
+    """vitmask's version and the installed torch's, read from its metadata (torch is not imported)."""
+    try:
+        torch_version = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        torch_version = "not installed"
+    return [f"vitmask {vitmask.__version__}", f"torch {torch_version}"]
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        print("\n".join(version_lines()))
+        raise typer.Exit()
 
 
 def as_paragraphs(text: str | None) -> str | None:
@@ -47,13 +106,15 @@ def as_paragraphs(text: str | None) -> str | None:
 
 class ParagraphHelpGroup(TyperGroup):
     """The `vitmask` group: every command's help (and the group's own) as paragraphs (`as_paragraphs`),
-    the commands listed in the order they are defined (TyperGroup's)."""
+    the commands listed in the order they are defined (TyperGroup's), each importing the library first
+    (`_library_first`)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.help = as_paragraphs(self.help)
         for command in self.commands.values():
             command.help = as_paragraphs(command.help)
+            command.callback = _library_first(command.callback)
 
 
 app = typer.Typer(
@@ -63,6 +124,20 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     help="Train and evaluate masked-patch vision transformers on binary images.",
 )
+
+
+@app.callback()
+def _group(
+    version: bool = typer.Option(
+        False,
+        "--version",
+        is_eager=True,
+        callback=_print_version,
+        help="Print vitmask's version and the installed torch's, and exit.",
+    ),
+) -> None:
+    pass
+
 
 ConfigOpt = typer.Option(None, "--config", "-c", help="YAML config file, e.g. configs/default.yaml.")
 SetOpt = typer.Option([], "--set", help="Override a config key, e.g. --set train.lr=3e-4 (repeatable; applied last).")
@@ -588,6 +663,9 @@ def main(argv: list[str] | None = None) -> None:
         message = e.format_message().strip() or "bad usage"
         print(f"{cmd}: error: {' '.join(message.split())} (see '{cmd} --help')", file=sys.stderr)
         sys.exit(2)
+    except CannotStart as e:
+        print(f"vitmask: cannot start: {e}", file=sys.stderr)
+        sys.exit(2)
     except UserError as e:
         print(f"vitmask: error: {' '.join(str(e).split())}", file=sys.stderr)
         sys.exit(2)
@@ -602,6 +680,8 @@ def main(argv: list[str] | None = None) -> None:
         outputs.mute_stdout()
         sys.exit(128 + signal.SIGPIPE)
     except (RuntimeError, MemoryError) as e:  # an allocation no estimate foresaw (a size asked for on the command line)
+        from vitmask.runtime.memory import is_out_of_memory, out_of_memory  # imports torch: only this path needs it
+
         if not is_out_of_memory(e):
             raise
         print(f"vitmask: error: {out_of_memory(e, None, ' '.join(args[:1]) or 'vitmask')}", file=sys.stderr)

@@ -1,0 +1,125 @@
+"""The CLI starts without torch where it does not need it: `vitmask --help`, every verb's `--help`, a
+usage error and `vitmask --version` run in a fresh interpreter and leave `torch` out of sys.modules.
+A command imports the library (torch) first, so a start that cannot import it is one line. `--version` names
+vitmask's version and the installed torch's."""
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import typer
+
+from tests.conftest import ROOT
+from vitmask.cli import commands
+
+# Runs the CLI's main (the `vitmask` entry point) on argv, then reports on stderr's last line
+# whether torch was imported, after the exit code.
+PROBE = """
+import json, sys
+from vitmask.cli.entry import main
+sys.argv = ["vitmask", *sys.argv[1:]]
+try:
+    main()
+    code = 0
+except SystemExit as e:
+    code = e.code
+sys.stderr.write("\\n" + json.dumps({"code": code, "torch": "torch" in sys.modules}) + "\\n")
+"""
+
+
+def run_probe(*args: str, script: str = PROBE) -> tuple[dict, str, list[str]]:
+    """The probe in a fresh interpreter: its report (exit code, whether torch was imported), its stdout
+    and the non-blank lines of its stderr before the report."""
+    import json
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "COLUMNS": "100"}
+    res = subprocess.run(
+        [sys.executable, "-c", script, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+    *err, last = [line for line in res.stderr.splitlines() if line.strip()]
+    return json.loads(last), res.stdout, err
+
+
+def registered_verbs() -> list[str]:
+    """Every verb the app has, as the parser names them: new verbs are covered with no change here."""
+    return sorted(typer.main.get_command(commands.app).commands)
+
+
+def test_the_app_has_the_verbs_this_file_checks():
+    """The parametrisation below is built from the app; it must find the verbs (a hand count of some)."""
+    assert {"train", "eval", "probe", "export", "pack", "predict", "finetune"} <= set(registered_verbs())
+
+
+def test_the_groups_help_does_not_import_torch():
+    report, out, _ = run_probe("--help")
+    assert report == {"code": 0, "torch": False}
+    assert "train" in out and "--version" in out
+
+
+@pytest.mark.parametrize("verb", registered_verbs())
+def test_each_verbs_help_does_not_import_torch(verb):
+    report, out, _ = run_probe(verb, "--help")
+    assert report == {"code": 0, "torch": False}, verb
+    assert f"vitmask {verb}" in out  # the usage line: it was this verb's help
+
+
+def test_a_usage_error_is_one_line_without_importing_torch():
+    report, _, _ = run_probe("eval", "--no-such-option")
+    assert report == {"code": 2, "torch": False}
+
+
+# torch's compiler failing to import as it does with no writable temporary directory (its caches
+# find one at import; tests/test_hostile.py makes that happen for real, for one verb)
+NO_TEMP_DIR = """
+import sys
+class NoTempDir:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch._dynamo":
+            raise FileNotFoundError(2, "No usable temporary directory found in ['/tmp']")
+sys.meta_path.insert(0, NoTempDir())
+"""
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("config", "--config", "configs/default.yaml"),  # torch through verbs, on first use
+        ("eval", "--checkpoint", "missing.pt"),  # torch through the command's own imports, first
+        ("pack",),  # a refusal of its options before it imports anything
+    ],
+)
+def test_every_command_imports_the_library_first_so_a_start_without_a_temp_dir_is_one_line(args):
+    report, _, err = run_probe(*args, script=NO_TEMP_DIR + PROBE)
+    assert report["code"] == 2
+    assert len(err) == 1, err
+    assert err[0].startswith("vitmask: cannot start: no such file or folder while importing torch"), err
+    assert "set TMPDIR to a writable folder" in err[0]
+
+
+def test_version_prints_vitmasks_and_torchs_versions_without_importing_torch():
+    import torch
+
+    report, out, _ = run_probe("--version")
+    assert report == {"code": 0, "torch": False}
+    project = re.search(r'^version = "(.+)"$', (ROOT / "pyproject.toml").read_text(), re.M).group(1)
+    public = torch.__version__.split("+")[0]  # the wheel's metadata may leave out the build's local tag (+cu130)
+    assert out.splitlines()[0] == f"vitmask {project}"
+    assert out.splitlines()[1] in (f"torch {public}", f"torch {torch.__version__}") and len(out.splitlines()) == 2
+
+
+def test_version_says_when_torch_is_not_installed():
+    """torch's metadata hidden (as where it is not installed): the line says so, and the exit is 0."""
+    hide = (
+        "import importlib.metadata as m\n"
+        "real = m.version\n"
+        "def version(name):\n"
+        "    if name == 'torch':\n"
+        "        raise m.PackageNotFoundError(name)\n"
+        "    return real(name)\n"
+        "m.version = version\n"
+    )
+    report, out, _ = run_probe("--version", script=hide + PROBE)
+    assert report == {"code": 0, "torch": False}
+    assert out.splitlines()[1] == "torch not installed"
