@@ -41,7 +41,7 @@ def built(tmp_path_factory):
     (out / "mnist" / "stale.txt").write_text("from an earlier build")  # replaced whole
     sets = [x for key in TINY_BUILD for x in ("--set", key)]
     args = [sys.executable, ROOT / "scripts" / "build_pretrained.py", "--data", MNIST_DIR, "--out", out,
-            "--work", root / "work", "--quick", "--device", "cpu", *sets]  # fmt: skip
+            "--work", root / "work", "--quick", "--device", "cpu", "--exact-images", "3", *sets]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
     res = subprocess.run([str(a) for a in args], capture_output=True, text=True, env=env, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
@@ -76,13 +76,16 @@ def test_the_mnist_models_record_the_tours_path_and_the_classifier_its_pretraine
 
 def test_each_record_keeps_the_figures_eval_gives_on_the_built_export(built, monkeypatch):
     monkeypatch.chdir(built["work"])  # where the data sits at the recorded path
-    r = verbs.evaluate_checkpoint("mnist", "test", [0.5], "cpu", 0, None, True, True)
+    r = verbs.evaluate_checkpoint("mnist", "test", [0.5], "cpu", 0, None, True, True, nll_exact_images=3)
     half, box = r["results"][0], r["results"][1]
     assert box["strategy"] == "centre"
     want = {"acc_r0.5": half["acc"], "acc_nonempty_r0.5": half["acc_nonempty"],
             "acc_nonempty_centre_box": box["acc_nonempty"], "acc_centre_box": box["acc"],
             "nll_bound_nats": r["nll"]["nats"], "nll_bound_bits_per_pixel": r["nll"]["bits_per_pixel"],
-            "nll_bound_se_images": r["nll"]["se_images"], "split": "test", "images": 1000, "seed": 0}  # fmt: skip
+            "nll_bound_se_images": r["nll"]["se_images"], "split": "test", "images": 1000, "seed": 0,
+            "nll_exact_images": 3, "nll_bound_same_images_nats": r["nll"]["exact"]["bound_same_images"],
+            "nll_exact_raster_nats": r["nll"]["exact"]["fixed"]["nats"],
+            "nll_exact_mixture_nats": r["nll"]["exact"]["mixture"]["nats"]}  # fmt: skip
     assert record(built, "mnist")["metrics"] == want
     r = verbs.evaluate_checkpoint("mnist-classifier", "test", [], "cpu", 0)
     assert record(built, "mnist-classifier")["metrics"] == {"split": "test", "images": 1000, "accuracy": r["accuracy"]}
@@ -108,7 +111,7 @@ def test_the_records_and_cards_say_how_the_models_were_built(built):
     for name in ("mnist", "mnist-classifier", "shapes"):
         r, card = record(built, name), (built["out"] / name / "README.md").read_text()
         assert r["quick"] is True and card.startswith(f"# {name}: ") and "**A quick build**" in card
-        assert r["command"] == "python scripts/build_pretrained.py --data DIR --quick " + " ".join(
+        assert r["command"] == "python scripts/build_pretrained.py --data DIR --quick --exact-images 3 " + " ".join(
             f"--set {k}" for k in TINY_BUILD
         )
         assert f"By `{r['command']}`" in card

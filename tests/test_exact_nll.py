@@ -316,6 +316,23 @@ def test_eval_nll_order_auto_picks_the_order_of_least_nll_on_the_val_split(run_c
     assert no_exact.returncode == 0 and "exact" not in json.loads(no_exact.stdout)["nll"]
 
 
+def test_eval_nll_exact_images_scores_the_first_images_beside_the_bound_on_the_same_images(run_cli, ckpt):
+    """--nll-exact-images 5: the exact rows are of the first 5 test images (the same per-image numbers as a run
+    over all 64), and the table adds the bound's mean over those 5 images, read from its per-image column."""
+    args = ["eval", "--checkpoint", ckpt, "--split", "test", "--device", "cpu", "--mask-ratio", "0.5"]
+    args += ["--nll", "--nll-strata", "2", "--nll-orders", "2"]
+    every, first = run_cli(*args, "--nll-exact-images", "0", "--json"), run_cli(*args, "--nll-exact-images", "5")
+    as_json = run_cli(*args, "--nll-exact-images", "5", "--json")
+    assert every.returncode == first.returncode == as_json.returncode == 0, every.stderr + first.stderr
+    whole, part = json.loads(every.stdout)["nll"], json.loads(as_json.stdout)["nll"]
+    assert whole["exact"]["images"] == 64 and part["exact"]["images"] == 5 and part["images"] == 64
+    assert part["exact"]["fixed"]["per_image"] == pytest.approx(whole["exact"]["fixed"]["per_image"][:5], abs=1e-9)
+    same = sum(part["per_image"][:5]) / 5
+    assert part["exact"]["bound_same_images"] == pytest.approx(same)
+    line = next(ln for ln in first.stdout.splitlines() if ln.strip().startswith("model (upper bound), first 5"))
+    assert f"{same:.2f}" in line and "on the first 5 images" in first.stdout
+
+
 @pytest.mark.parametrize(
     "extra,needles",
     [
@@ -323,6 +340,7 @@ def test_eval_nll_order_auto_picks_the_order_of_least_nll_on_the_val_split(run_c
         (["--nll-orders", "-1"], ["--nll-orders must be between 0", "got -1"]),
         (["--nll-order", "diagonal"], ["--nll-order must be one of raster,", "auto", "got 'diagonal'"]),
         (["--nll-orders", "0", "--nll-order", "column"], ["--nll-orders 0 asks for none", "leave out one"]),
+        (["--nll-exact-images", "-3"], ["--nll-exact-images must be at least 0", "got -3"]),
     ],
 )
 def test_eval_refuses_bad_exact_nll_options_in_one_line(run_cli, ckpt, extra, needles):

@@ -114,6 +114,8 @@ def test_training_verbs_get_short_appended_and_other_lines_are_not_vitmasks():
     ]
     assert guides.vitmask_args("python -m vitmask finetune --checkpoint x")[-len(short) :] == short
     assert guides.vitmask_args("vitmask eval --checkpoint x") == ["eval", "--checkpoint", "x"]
+    assert guides.vitmask_args("vitmask eval --checkpoint x --nll") == ["eval", "--checkpoint", "x", "--nll",
+                                                                        "--nll-exact-images", "2"]  # fmt: skip
     assert guides.vitmask_args("vitmask eval --json | head -1") is None  # a pipe: bash runs it
     assert guides.vitmask_args("torchrun -m vitmask train") is None
 

@@ -238,6 +238,12 @@ def eval_(
         "of it and its images under the grid's symmetries. K x N forward passes an image (the bound: strata x "
         "samples).",
     ),
+    nll_exact_images: int = typer.Option(
+        100,
+        "--nll-exact-images",
+        help="--nll: the exact NLLs on the first N images of --split (0: every image), the bound reported on the "
+        "same images beside them; they cost K x N forward passes an image, the bound about 32.",
+    ),
     nll_order: str = typer.Option(
         None,
         "--nll-order",
@@ -276,6 +282,7 @@ def eval_(
         confusion,
         nll_orders,
         nll_order,
+        nll_exact_images,
     )
     if as_json:
         print(json.dumps(report))

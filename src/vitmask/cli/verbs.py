@@ -264,13 +264,15 @@ def evaluate_checkpoint(
     confusion: Path | None = None,
     nll_orders: int = 8,
     nll_order: str | None = None,
+    nll_exact_images: int = 100,
 ) -> dict:
     """The eval report of a checkpoint: the model and the baselines at each mask ratio (default: the
     config's), on `split`, with masks of `strategy` (default the config's, mixed read as random)
     drawn from `seed`; with `centre_box`, also the centre box; with `nll`, the likelihood bound
     and its baselines (likelihood.nll_report) under "nll", and with `nll_orders` K > 0 the exact
     NLLs of the fixed order `nll_order` (default raster; auto: chosen on the val split) and of the
-    mixture of K orders (exact_nll.exact_nll_report) under "nll" / "exact". `path` is a .pt
+    mixture of K orders (exact_nll.exact_nll_report) under "nll" / "exact", on the first
+    `nll_exact_images` images of the split (0: all), beside the bound on the same images. `path` is a .pt
     checkpoint or an export dir; `weights` ema | raw picks a checkpoint's weights (default: the
     EMA's when it has them). A fine-tuned classifier gets `evaluate_classifier`'s report instead
     (`confusion`: its PNG)."""
@@ -303,7 +305,7 @@ def evaluate_checkpoint(
     data = cfg.data
     if nll:
         check_nll_args(data.num_patches, data.num_classes, nll_strata, nll_samples)
-        check_exact_args(nll_orders, nll_order)
+        check_exact_args(nll_orders, nll_order, nll_exact_images)
     box = centre_box_mask(data.grid)
     if centre_box and not box.any():
         raise UserError(f"--centre-box needs at least 2x2 patches; this model's grid is {data.grid}x{data.grid}")
@@ -330,9 +332,12 @@ def evaluate_checkpoint(
         report["nll"] = nll_report(model, train, images, data.patch_size, nll_strata, nll_samples, seed, progress=True)
     if nll and nll_orders:
         choose_on = splits["val"][:AUTO_IMAGES].to(device) if nll_order == AUTO else None
+        exact_images = images[:nll_exact_images] if nll_exact_images else images
         report["nll"]["exact"] = exact_nll_report(
-            model, images, data.patch_size, nll_orders, nll_order, choose_on, progress=True
+            model, exact_images, data.patch_size, nll_orders, nll_order, choose_on, progress=True
         )
+        bound = report["nll"]["per_image"][: len(exact_images)]  # the bound on the same images
+        report["nll"]["exact"]["bound_same_images"] = sum(bound) / len(bound)
     return report
 
 

@@ -28,7 +28,7 @@ a pass's rows; a pass has as many rows as the bound's (`likelihood.rows_per_pass
 model takes rows of any hidden count in one call and computes only the scored token in its last
 block (ids = sigma(t)); an encoder-decoder model needs one hidden count per call, so a pass makes one
 call per step it holds, with ids = sigma(t..N), the hidden patches, sigma(t) first. Each forward
-pass is a stop point (signals.check_stop) and a tick of one progress bar (`progress_bar`).
+pass is a stop point (signals.check_stop) and a tick of one `progress.Progress` (an ETA on stderr).
 
 Shapes: n images, K chains (orders), N patches, P pixels per patch, C classes, R rows of a pass.
 """
@@ -41,6 +41,7 @@ import torch
 from vitmask.data.patches import patches_to_classes, patchify
 from vitmask.errors import UserError
 from vitmask.evaluate.likelihood import rows_per_pass
+from vitmask.progress import Progress
 from vitmask.signals import check_stop
 
 ORDERS = ("raster", "raster-reverse", "column", "column-reverse", "spiral-in", "spiral-out")
@@ -52,8 +53,10 @@ AUTO_IMAGES = 100  # validation images --nll-order auto scores each candidate on
 DEFAULT_ORDER = "raster"
 
 
-def check_exact_args(orders: int, order: str | None) -> None:
-    """Refuse an --nll-orders or --nll-order the exact NLLs cannot take, with the fix."""
+def check_exact_args(orders: int, order: str | None, images: int = 0) -> None:
+    """Refuse an --nll-orders, --nll-order or --nll-exact-images the exact NLLs cannot take, with the fix."""
+    if images < 0:
+        raise UserError(f"--nll-exact-images must be at least 0 (0: every image of the split), got {images}")
     if not 0 <= orders <= MAX_ORDERS:
         raise UserError(
             f"--nll-orders must be between 0 (the bound only) and {MAX_ORDERS} (the grid's symmetries), got {orders}"
@@ -122,14 +125,6 @@ def symmetric_orders(order: torch.Tensor, grid: int, k: int) -> torch.Tensor:
 
 
 # ---- the chains -------------------------------------------------------------------------------------
-def progress_bar(total: int, desc: str, enabled: bool):
-    """The progress bar of the exact NLLs, one tick per forward pass, with its rate and time left
-    (tqdm, on a terminal only)."""
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc=desc, leave=False, disable=None if enabled else True)
-
-
 @torch.inference_mode()
 def chain_nll(
     model: torch.nn.Module,
@@ -159,7 +154,7 @@ def chain_nll(
     decoder = getattr(model, "decoder", None) is not None
     passes = sum(math.ceil(num_patches * min(group, n - s) * k / rows) for s in range(0, n, group))
     out = torch.empty(n, k, dtype=torch.float64)
-    bar = progress_bar(passes, desc, progress)
+    bar = Progress(passes, desc, "passes", enabled=progress)  # one tick per forward pass, with an ETA
     for start in range(0, n, group):
         per_step = min(group, n - start) * k  # rows of one step of this group
         total = num_patches * per_step
@@ -266,6 +261,7 @@ def exact_nll_report(
     mixture = mixture_nll(chains)
     return {
         "order": order,
+        "images": n,
         "chosen_on": chosen,  # None: the order was named, not chosen
         "orders": orders,
         "fixed": {**summary(chains[:, 0]), "seconds": fixed_seconds, "per_image": chains[:, 0].tolist()},

@@ -236,6 +236,8 @@ def format_nll(r: dict) -> str:
     if exact:
         title += f"; exact NLL of the {exact['order']} order"
         title += f" and of a mixture of {exact['orders']}" if mixed else ""
+        subset = exact.get("images", r["images"]) < r["images"]
+        title += f", on the first {exact['images']:,} images" if subset else ""
     lines = [
         title,
         f"(nats per image; bits per pixel over all {side}x{side} = {r['pixels']:,} pixels of the fitted image, "
@@ -252,6 +254,10 @@ def format_nll(r: dict) -> str:
     if exact:
         fixed, mix = exact["fixed"], exact["mixture"]
         se = "s.e. {:.2f} (between images)"
+        if exact.get("images", r["images"]) < r["images"]:  # the bound on the images the exact NLLs are of
+            label = f"model (upper bound), first {exact['images']:,}"
+            same = exact["bound_same_images"]
+            lines.append(row(label, same, same / (r["pixels"] * math.log(2)), note="the images of the exact rows"))
         lines.append(
             row(f"model (exact), order {exact['order']}", fixed["nats"], fixed["bits_per_pixel"], fixed["seconds"],
                 se.format(fixed["se_images"]))
