@@ -146,8 +146,12 @@ def parse_script(script: Path, args: list[str], elided: bool) -> dict:
 def parse_vitmask(args: list[str], elided: bool) -> dict:
     """The options of `vitmask ARGS` as the CLI's click command reads them, without invoking it."""
     group = typer.main.get_command(commands.app)
+    if args in (["--help"], ["--version"]):  # the group's own options
+        return {}
     assert args and args[0] in group.commands, f"vitmask has no verb {args[:1]}"
     command = group.commands[args[0]]
+    if args[1:] == ["--help"]:  # a verb's help: the verb exists, which is all it needs
+        return {}
     try:
         ctx = command.make_context(args[0], list(args[1:]), resilient_parsing=elided)
     except Exception as e:  # click's usage errors
@@ -198,6 +202,9 @@ def parse(command: Command, previous: list[str] | None) -> tuple[list[str], dict
         words = ["vitmask", *words[3:]]
     if words[0] == "vitmask":
         return words[:2], parse_vitmask(words[1:], elided)
+    if words[0] in ("python", "python3") and words[1] == "-c":  # the interpreter alone (a benchmark's reference)
+        assert len(words) == 3, f"python -c takes one program: {words}"
+        return words[:2], {}
     assert words[0] in ("python", "python3") and words[1].startswith("scripts/"), f"not a known program: {words}"
     script = ROOT / words[1]
     assert script.is_file(), f"no script {words[1]}"
@@ -253,6 +260,9 @@ def test_a_removed_flag_an_unknown_verb_and_a_renamed_key_are_refused():
         "make no-such-target",
         'make bench ARGS="--no-such-flag"',
         "python scripts/no_such_script.py",
+        "vitmask no-such-verb --help",  # a verb's help: the verb must exist
+        "vitmask --no-such-flag",
+        "python -c",  # the interpreter's reference row: one program
     ]
     for text in bad:
         with pytest.raises(AssertionError):
@@ -264,6 +274,9 @@ def test_a_removed_flag_an_unknown_verb_and_a_renamed_key_are_refused():
         check_config_keys(options[1])
     good = [
         "vitmask eval ... --mask-ratio 0.5",
+        "vitmask --help",
+        "vitmask train --help",
+        'python -c "import torch"',
         "python scripts/compute_scaling.py --config configs/mnist-gpu.yaml --out a --save-dir b --multipliers 1,4",
         "OMP_NUM_THREADS=1 torchrun --nproc_per_node 2 -m vitmask train ...",
         'make bench ARGS="--steps 10 --vs autocast=bf16"',

@@ -16,9 +16,11 @@ when a command runs (`_library_first`, `_ImportedOnFirstUse`).
 import contextlib
 import functools
 import importlib
+import importlib.util
 import inspect
 import json
 import os
+import re
 import signal
 import sys
 import threading
@@ -82,11 +84,21 @@ def _library_first(callback):
 
 
 def version_lines() -> list[str]:
-    """vitmask's version and the installed torch's, read from its metadata (torch is not imported)."""
+    """vitmask's version and the installed torch's, without importing torch: its build's own version
+    (torch/version.py's `__version__`, with the local tag, as `torch.__version__` says: 2.14.1+cu130),
+    else its package metadata's (which may leave the tag out)."""
     try:
         torch_version = metadata.version("torch")
     except metadata.PackageNotFoundError:
-        torch_version = "not installed"
+        return [f"vitmask {vitmask.__version__}", "torch not installed"]
+    spec = importlib.util.find_spec("torch")
+    for folder in (spec.submodule_search_locations or []) if spec is not None else []:
+        with contextlib.suppress(OSError):
+            found = re.search(
+                r"^__version__\s*=\s*['\"]([^'\"]+)['\"]", (Path(folder) / "version.py").read_text(), re.M
+            )
+            torch_version = found.group(1) if found else torch_version
+            break
     return [f"vitmask {vitmask.__version__}", f"torch {torch_version}"]
 
 
