@@ -1,7 +1,8 @@
-"""The two set-up commands of the README, read with `make -n` (make prints the recipe and runs
-nothing): `make train` and `make test` create the virtualenv when it is missing, and only then,
-install every package the README's tour needs (the onnx extra for `vitmask export --onnx`, sybil for
-the tested guides), and `make train` passes `--resume auto`."""
+"""The set-up commands of the README, read with `make -n` (make prints the recipe and runs nothing):
+`make install` (the README's "Try it"), `make train` and `make test` create the virtualenv when it is
+missing, and only then, install every package the README's tour needs (the onnx extra for `vitmask
+export --onnx`, the demo extra for `vitmask demo`, sybil for the tested guides), and `make train` passes
+`--resume auto`."""
 
 import os
 import re
@@ -35,7 +36,12 @@ def dry_run(target: str, venv: Path) -> list[str]:
 
 
 @pytest.mark.parametrize(
-    "target, last", [("train", "{venv}/bin/vitmask train"), ("test", "{venv}/bin/python -m pytest")]
+    "target, last",
+    [
+        ("install", "{venv}/bin/python -m pip install -q --no-deps --no-build-isolation -e ."),
+        ("train", "{venv}/bin/vitmask train"),
+        ("test", "{venv}/bin/python -m pytest"),
+    ],
 )
 def test_make_train_and_test_create_the_venv_only_when_it_is_missing(tmp_path, target, last):
     missing = tmp_path / "missing-venv"
@@ -75,10 +81,11 @@ def installed_requirements(venv: Path) -> set[str]:
 
 
 def test_the_set_up_installs_what_the_tour_runs(tmp_path):
-    """`vitmask export --onnx` (the tour) needs onnx, onnxscript and onnxruntime; the guides' tests need
-    pytest and sybil. Each is pinned in constraints.txt, so the set-up installs the tested version."""
+    """`vitmask export --onnx` (the tour) needs onnx, onnxscript and onnxruntime, `vitmask demo` (Try it)
+    starlette and uvicorn; the guides' tests need pytest and sybil. Each is pinned in constraints.txt, so
+    the set-up installs the tested version."""
     wanted = installed_requirements(tmp_path / "missing-venv")
-    needed = {"onnx", "onnxscript", "onnxruntime", "pytest", "sybil", "ruff", "torch"}
+    needed = {"onnx", "onnxscript", "onnxruntime", "pytest", "sybil", "ruff", "torch", "starlette", "uvicorn"}
     assert needed <= wanted, needed - wanted
     pinned = {
         line.split("==")[0].lower() for line in (ROOT / "constraints.txt").read_text().splitlines() if "==" in line
