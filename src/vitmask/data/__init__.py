@@ -1,6 +1,7 @@
 """Images in, batches out: the sources (sources.py, shapes.py), reading and binarising image files
 (imagefile.py, preprocess.py), patches and their token classes (patches.py), drawing masks (masking.py),
-splits, batches and the sampler (batches.py), the dataset preview (preview.py), a model's
-preprocessing for a user's images (processor.py), a bounded subset of each class (per_class.py) and
-the classes' names (class_names.py).
+splits, batches and the sampler (batches.py), a step's images gathered ahead (prefetch.py), the
+packed format and `vitmask pack` (packed.py, pack.py), the dataset preview (preview.py), a model's
+preprocessing for a user's images (processor.py), a user's JSON file read with limits (jsonfile.py),
+a bounded subset of each class (per_class.py) and the classes' names (class_names.py).
 """

@@ -1,4 +1,5 @@
-"""Training: the trainer and its step (trainer.py), optimizers and schedules (optim.py), validation
-during training (validation.py), the divergence watch (divergence.py), console and TensorBoard
-reporting (report.py, loggers.py).
+"""Training: the trainer and its step (trainer.py), optimizers and schedules (optim.py), the EMA of the
+weights (ema.py), validation during training (validation.py), the divergence watch (divergence.py),
+compile parity (parity.py), fine-tuning a classifier on labels (finetune.py), console and
+TensorBoard reporting (report.py, loggers.py).
 """
