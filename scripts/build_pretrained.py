@@ -20,11 +20,11 @@ these commands, in this process through the functions the CLI calls (cli/verbs.p
 
 (MNIST: the path above; `--checkpoint mnist` reads the folder just exported, which wins over the
 shipped model of that name.) Then it scores each export on its own test split (`vitmask eval
---checkpoint NAME --split test`: r=0.5 and the centre box and the NLL bound for mnist, r=0.5 for
-shapes, the accuracy of the classifier), writes each folder's examples.npz (masked-patch models: the
-first EXAMPLES images of the test split), shipped.json (the build's record: commands, host, time,
-data and licence, figures) and README.md (that record, then the card vitmask export wrote), and
-last replaces the folders of --out one by one.
+--checkpoint NAME --split test`: r=0.5, the centre box, the NLL bound and the exact NLLs on the first
+--exact-images test images for mnist, r=0.5 for shapes, the accuracy of the classifier), writes
+each folder's examples.npz (masked-patch models: the first EXAMPLES images of the test split),
+shipped.json (the build's record: commands, host, time, data and licence, figures) and README.md
+(that record, then the card vitmask export wrote), and last replaces the folders of --out one by one.
 
 --quick adds QUICK's keys to each run (fewer steps, no compilation; the configs' models unchanged),
 and the cards say so. --set KEY=VALUE (repeatable) goes to every training and fine-tuning run after

@@ -8,8 +8,9 @@ classifier's: store/classifier.py), plus:
   learned from and its licence, and its figures on its own test split (`metrics`), read here with
   the standard library alone (no torch): `vitmask models` and the shipped-model checks read it;
 - `examples.npz` (masked-patch models): a few dozen images of the model's own test split as it sees
-  them, `images` (K, S, S) uint8 0/1, `labels` (K,) int64, `split_index` (K,) their positions in the
-  test split and `source_index` (K,) their positions in the data source; the card says which.
+  them, `images` (K, S, S) uint8 0/1, `labels` (K,) int64, `label_names` (the name of each label
+  value), `split_index` (K,) their positions in the test split and, for an idx source (mnist),
+  `source_index` (K,) their positions in the data file; the card says which.
 
 `scripts/build_pretrained.py` (`make pretrained`) builds every folder.
 
