@@ -215,7 +215,9 @@ def train(
 @app.command("eval")
 def eval_(
     checkpoint: Path = typer.Option(..., "--checkpoint", help=CHECKPOINT_HELP),
-    split: str = typer.Option("val", "--split", help="val | test"),
+    split: str = typer.Option(
+        "val", "--split", help="val | test | train: the split scored (the baselines are fitted on train)."
+    ),
     mask_ratio: list[float] = typer.Option(
         [], "--mask-ratio", help="Share of patches masked (repeatable, e.g. 0.25 0.5 0.75); default the config's."
     ),
