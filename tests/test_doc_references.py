@@ -130,3 +130,39 @@ def test_each_packages_docstring_names_its_modules(package):
     doc = ast.get_docstring(ast.parse((folder / "__init__.py").read_text())) or ""
     unnamed = [p.name for p in sorted(folder.glob("*.py")) if p.name != "__init__.py" and p.name not in doc]
     assert not unnamed, f"src/vitmask/{package}/__init__.py's docstring does not name: {unnamed}"
+
+
+COMMAND = re.compile(r"vitmask ([a-z-]+)([^`\n]*)")  # `vitmask VERB` and the rest of its line, up to a backtick
+
+
+def test_every_option_a_page_gives_a_verb_is_one_of_its_options():
+    """Every `vitmask VERB ... --flag` written in README.md, docs/, configs/ and the code's docstrings
+    names an option VERB has (the guides' commands run in tests/test_guides.py; the reference pages'
+    and the docstrings' are read here)."""
+    import typer
+
+    from vitmask.cli.commands import app
+
+    group = typer.main.get_command(app)
+    options = {
+        name: {"--help"} | {o for p in command.params for o in (*p.opts, *getattr(p, "secondary_opts", []))}
+        for name, command in group.commands.items()
+    }
+    files = [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "configs").glob("*.yaml")]
+    files += [*PACKAGE.rglob("*.py"), *(ROOT / "scripts").glob("*.py")]
+    checked, wrong = 0, set()
+    for file in files:
+        text = file.read_text().replace("\\\n", " ")
+        for verb, words in COMMAND.findall(text):
+            if verb not in options:
+                continue
+            command = []
+            for word in words.split():  # the command's words: up to a table's column bar or a sentence's end
+                if word == "|" or word.endswith((".", ",", ":")) and not word.endswith("..."):
+                    break
+                command.append(word)
+            flags = re.findall(r"(?<![\w-])(--[a-z][\w-]*)", " ".join(command))
+            checked += bool(flags)
+            wrong |= {f"{file.relative_to(ROOT)}: vitmask {verb} {f}" for f in flags if f not in options[verb]}
+    assert checked > 100
+    assert not wrong, f"options that their verb does not have: {sorted(wrong)}"
