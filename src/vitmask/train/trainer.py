@@ -6,11 +6,11 @@ The step does no host sync: its metrics are summed on the device (metrics.py), a
 is recorded there (divergence.py), and both are read on logging steps and before checkpoints.
 
 Everything else is a component: process setup (process.prepare_process), validation and the
-reconstruction grid (validation.py), checkpoint cadence and best.pt (checkpointer.py), console
-lines, TensorBoard and hparams (report.py), SIGINT/SIGTERM (signals.py: a stop is acted on after the
-step, or within a batch of the validation or the probe, which are then redone first on resume), the
-online probe every
-`train.probe_every` steps beside validation (probe.OnlineProbe, given by the runner on rank 0),
+reconstruction grid (validation.py), checkpoint cadence and best.pt (store/saving.py, `Checkpointer`),
+console lines, TensorBoard and hparams (report.py), SIGINT/SIGTERM (signals.py: a stop is acted on
+after the step, or within a batch of the validation or the probe, which are then redone first on
+resume), the online probe every `train.probe_every` steps beside validation (probe.OnlineProbe,
+given by the runner on rank 0),
 the EMA of the weights with `train.ema_decay` (ema.py: updated after every step, validated beside
 the raw weights, best.pt following its validation loss). A new run may start from given weights
 (`init`, store/init_weights.py: `vitmask train --init`); where they came from is kept in every
