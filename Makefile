@@ -1,5 +1,5 @@
-# Two commands do all the set-up on a fresh machine: `make train` and `make test`.
-# Both create the virtualenv when it is missing. VENV may point outside the repo (CI does).
+# The set-up on a fresh machine is one command: `make install` (or `make train`, `make test`, which run it).
+# Each creates the virtualenv when it is missing. VENV may point outside the repo (CI does).
 VENV ?= .venv
 PY := $(VENV)/bin/python
 DEPS := $(VENV)/.deps-installed
