@@ -145,9 +145,10 @@ class DataConfig:
     num_test: int = 2000
     """shapes: test images."""
     fit: Fit = "pad"
-    """How images of another size are fitted to image_size: pad (centred on a black canvas, the
-    centre of a longer side cropped), resize (bilinear), center_crop (the centre cropped, a shorter
-    side padded), none (images must already be image_size x image_size)."""
+    """How images of another size are fitted to image_size: pad (centred on a canvas of background,
+    black, or white with `invert`; the centre of a longer side cropped), resize (bilinear),
+    center_crop (the centre cropped, a shorter side padded), none (images must already be
+    image_size x image_size)."""
     threshold: float = 0.5
     """A pixel is foreground when its gray level >= threshold * 255; in [0, 1]."""
     invert: bool = False
