@@ -733,14 +733,14 @@ def demo(
     checkpoint: Path = typer.Option(
         None,
         "--checkpoint",
-        help="The masked-patch model the page fills and samples with: a .pt checkpoint or an export dir "
-        "(default: the shipped model mnist).",
+        help="The masked-patch model the page fills and samples with: a .pt checkpoint, an export dir or a "
+        "shipped model's name (default: the shipped model mnist).",
     ),
     classifier: Path = typer.Option(
         None,
         "--classifier",
-        help="A fine-tuned classifier for the page's classify panel: vitmask finetune's checkpoint or its export "
-        "(default: mnist-classifier beside the shipped model; none with --checkpoint).",
+        help="A fine-tuned classifier for the page's classify panel: vitmask finetune's checkpoint, its export "
+        "or a shipped classifier's name (default: mnist-classifier beside the shipped model; none with --checkpoint).",
     ),
     host: str = typer.Option(
         "127.0.0.1", "--host", help="The address to listen on: 127.0.0.1 (this machine only), 0.0.0.0 (every address)."
