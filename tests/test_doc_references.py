@@ -166,3 +166,21 @@ def test_every_option_a_page_gives_a_verb_is_one_of_its_options():
             wrong |= {f"{file.relative_to(ROOT)}: vitmask {verb} {f}" for f in flags if f not in options[verb]}
     assert checked > 100
     assert not wrong, f"options that their verb does not have: {sorted(wrong)}"
+
+
+def test_every_test_a_page_or_docstring_names_is_a_test_of_its_file():
+    """`tests/test_x.py::test_name` written anywhere in README.md, docs/, src/ or scripts/ names a
+    test function of that file, and `tests/test_x.py` a file that exists."""
+    files = [
+        ROOT / "README.md",
+        *(ROOT / "docs").glob("*.md"),
+        *PACKAGE.rglob("*.py"),
+        *(ROOT / "scripts").glob("*.py"),
+    ]
+    wrong = set()
+    for file in files:
+        for test_file, name in TEST_REF.findall(file.read_text()):
+            path = ROOT / test_file
+            if not path.is_file() or name and name not in functions_of_tests(path):
+                wrong.add(f"{file.relative_to(ROOT)}: {test_file}{'::' + name if name else ''}")
+    assert not wrong, f"names of tests that do not exist: {sorted(wrong)}"
