@@ -83,6 +83,30 @@ def test_probe_and_finetune_read_k_images_of_each_class_of_a_pack(run_cli, packe
     assert_user_error(res, "--per-class")
 
 
+def test_finetune_refuses_a_linear_probe_baseline_it_cannot_unpack_before_it_trains(
+    run_cli, packed_run, tmp_path, monkeypatch
+):
+    """A pack too large to unpack for the linear-probe baseline: refused in one line before the first step
+    (no checkpoint, the run dir made for it removed), not after the whole fine-tuning; --no-baselines trains."""
+    import vitmask.data.per_class as per_class
+    from vitmask.errors import UserError
+
+    pack, ckpt = packed_run
+
+    def too_large(need, what, fix):  # the memory check of unpacking alone says no (training's checks pass)
+        raise UserError(f"{what} need more memory than is free; {fix}")
+
+    monkeypatch.setattr(per_class, "check_bytes", too_large)
+    config = write_config(tmp_path / "ft.yaml", {"data": {"source": "packed", "path": str(pack)}})
+    args = ["finetune", "--checkpoint", ckpt, "--config", config, "--run-dir", tmp_path / "ft", "--device", "cpu"]
+    steps = ["--set", "train.max_steps=2", "--set", "train.eval_every=2", "--set", "train.checkpoint_every=2"]
+    assert_user_error(run_cli(*args, *steps), "finetune.per_class", "--no-baselines")
+    assert not (tmp_path / "ft").exists()
+    res = run_cli(*args, *steps, "--no-baselines")
+    assert res.returncode == 0, res.stderr
+    assert (tmp_path / "ft" / "last.pt").is_file()
+
+
 def test_the_subset_follows_the_split_seed_not_the_training_seed():
     """Runs of other training seeds on one split (data.split_seed) read the same images; another split
     seed reads others; without data.split_seed, `seed` is the split's seed."""

@@ -11,7 +11,7 @@ import torch
 
 from vitmask.cli import verbs
 from vitmask.config import Config, load_config
-from vitmask.data.per_class import unpacked_splits
+from vitmask.data.per_class import check_unpackable, unpacked_splits
 from vitmask.errors import UserError
 from vitmask.evaluate.probe import run_probes
 from vitmask.model.memory_estimate import check_fits
@@ -51,6 +51,8 @@ def finetune(
             encoder = pretrained.model.state_dict() if pretrained is not None else None
             made["trainer"] = FinetuneTrainer(cfg, data, device, encoder, logger, world, source)
             made["data"] = made["trainer"].data  # finetune.per_class's subset, or the splits as loaded
+            if baselines and world.main and source is not None and locate(source) is not None:
+                check_unpackable(made["data"], LINEAR_PROBE_FIX)  # the linear probe's, refused before training
             return made["trainer"]
 
         owner = rundir.RunDir(plan.run_dir, plan.state is None, auto=resume == "auto") if world.main else None
@@ -75,6 +77,9 @@ def finetune(
         distributed.shutdown()
 
 
+LINEAR_PROBE_FIX = "set finetune.per_class (images per class), or pass --no-baselines"
+
+
 def _finetune_baselines(cfg: Config, data, device: torch.device, source: str | None, weights: str | None) -> dict:
     """The same architecture fine-tuned from its random init at the same budget (no run dir), and the
     linear probe of the pretrained checkpoint with the same pooling."""
@@ -85,7 +90,7 @@ def _finetune_baselines(cfg: Config, data, device: torch.device, source: str | N
     scratch.fit(None, progress=False)
     out = {"from_scratch": scratch.test_accuracy(data.images["test"])}
     if source is not None and locate(source) is not None:  # a path, or a shipped model's name
-        data = unpacked_splits(data, "set finetune.per_class (images per class), or pass --no-baselines")
+        data = unpacked_splits(data, LINEAR_PROBE_FIX)
         model, pre_cfg, _ = load_model(source, device, weights, need_head=False)
         pool = cfg.finetune.pool
         grid = cfg.finetune.grid if pool == "grid" else None

@@ -51,14 +51,20 @@ def take_per_class(data: LabelledSplits, per_class: int, cfg: Config) -> Labelle
     return LabelledSplits(images, labels, data.no_labels)
 
 
+def check_unpackable(data: LabelledSplits, fix: str) -> None:
+    """Refuse, in one line ending in `fix`, splits of a pack too large to unpack into memory with their
+    features (about 5 bytes a pixel); nothing is unpacked (in-memory splits pass)."""
+    packed = [x for x in data.images.values() if isinstance(x, PackedImages)]
+    if packed:
+        count, pixels = sum(len(x) for x in packed), packed[0].height * packed[0].width
+        check_bytes(count * pixels * 5, f"{count:,} packed images unpacked, with their features,", fix)
+
+
 def unpacked_splits(data: LabelledSplits, fix: str) -> LabelledSplits:
     """The splits of a pack unpacked into memory (in-memory splits as they are); splits too large to
     hold with their features (about 5 bytes a pixel) are refused in one line ending in `fix`."""
-    packed = {s: x for s, x in data.images.items() if isinstance(x, PackedImages)}
-    if not packed:
+    check_unpackable(data, fix)
+    if not any(isinstance(x, PackedImages) for x in data.images.values()):
         return data
-    count = sum(len(x) for x in packed.values())
-    pixels = next(iter(packed.values())).height * next(iter(packed.values())).width
-    check_bytes(count * pixels * 5, f"{count:,} packed images unpacked, with their features,", fix)
     images = {s: x.unpacked() if isinstance(x, PackedImages) else x for s, x in data.images.items()}
     return LabelledSplits(images, data.labels, data.no_labels)
