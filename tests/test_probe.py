@@ -349,7 +349,7 @@ def test_probe_pool_and_layer_mistakes_are_user_errors(ckpt):
         ({"pool": "grid", "grid": 0}, "--grid 0 is not a cell count for the 8x8 patch grid (16-pixel images in 2-"),
         ({"pool": "grid", "grid": 16}, "--grid 16 is not a cell count for the 8x8 patch grid"),
         ({"pool": "max"}, "unknown --pool 'max'; use mean"),
-        ({"pool": "mean", "grid": 2}, "--grid 2 needs --pool grid; add --pool grid, or leave --grid out"),
+        ({"pool": "mean", "grid": 2}, "--grid 2 needs --pool grid; add --pool grid, or leave the grid out"),
         ({"layer": [1, 3]}, "--layer 3 is out of range: the model has 2 blocks"),
         ({"layer": [2, 1, 2]}, "--layer 2 is given twice; name each layer once"),
     ]

@@ -216,33 +216,46 @@ def require_labels(data: LabelledSplits, cfg: Config) -> dict[str, torch.Tensor]
     return data.labels
 
 
-def check_layer(layer: int | Sequence[int] | None, depth: int) -> None:
+def named(option: str, value, python: bool) -> str:
+    """How a message names an option and its value: `--grid 2` to the CLI's user, `grid=2` to Python's."""
+    return f"{option}={value!r}" if python else f"--{option} {value}"
+
+
+def check_layer(layer: int | Sequence[int] | None, depth: int, python: bool = False) -> None:
+    """Refuse a layer out of range or given twice; `python`: name it as an argument, not a flag."""
     layers = as_layers(layer)
     for k in layers:
         if k is not None and not 0 <= k <= depth:
             raise UserError(
-                f"--layer {k} is out of range: the model has {depth} blocks; pass 1 to {depth} for a block's "
-                "output, 0 for the embedded patches, or leave it out for the final normalised tokens"
+                f"{named('layer', k, python)} is out of range: the model has {depth} blocks; pass 1 to {depth} for "
+                "a block's output, 0 for the embedded patches, or leave it out for the final normalised tokens"
             )
     repeated = sorted({k for k in layers if layers.count(k) > 1})
     if repeated:
-        raise UserError(f"--layer {repeated[0]} is given twice; name each layer once (they are concatenated)")
+        raise UserError(
+            f"{named('layer', repeated[0], python)} is given twice; name each layer once (they are concatenated)"
+        )
 
 
-def check_pool(pool: str, grid: int | None, cfg: Config) -> int | None:
-    """--pool and --grid -> the grid G to pool over (None: the mean of all tokens)."""
+def check_pool(pool: str, grid: int | None, cfg: Config, python: bool = False) -> int | None:
+    """--pool and --grid -> the grid G to pool over (None: the mean of all tokens); `python`: the messages
+    name them as arguments (pool=, grid=), not flags."""
     if pool not in POOLS:
-        raise UserError(f"unknown --pool '{pool}'; use mean (all tokens) or grid (the mean of each cell of a grid)")
+        raise UserError(
+            f"unknown {named('pool', pool, python)}; use mean (all tokens) or grid (the mean of each cell of a grid)"
+        )
     if pool == "mean":
         if grid is not None:
-            raise UserError(f"--grid {grid} needs --pool grid; add --pool grid, or leave --grid out for the mean")
+            fix = "pool='grid'" if python else "--pool grid"
+            raise UserError(f"{named('grid', grid, python)} needs {fix}; add {fix}, or leave the grid out for the mean")
         return None
     g = cfg.data.image_size // cfg.data.patch_size
     grid = min(DEFAULT_GRID, g) if grid is None else grid
     if not 1 <= grid <= g:
         raise UserError(
-            f"--grid {grid} is not a cell count for the {g}x{g} patch grid ({cfg.data.image_size}-pixel images "
-            f"in {cfg.data.patch_size}-pixel patches); pass 1 (the mean) to {g} (every token)"
+            f"{named('grid', grid, python)} is not a cell count for the {g}x{g} patch grid "
+            f"({cfg.data.image_size}-pixel images in {cfg.data.patch_size}-pixel patches); pass 1 (the mean) to {g} "
+            "(every token)"
         )
     return grid
 

@@ -72,8 +72,8 @@ class MaskedModel:
         if grid is not None and not is_integer(grid):
             raise UserError(f"grid must be an integer or None, got {short(grid)} (type {type(grid).__name__})")
         layer = layer_argument(layer)
-        check_layer(layer, self.config.model.depth)
-        grid = check_pool(pool, None if grid is None else int(grid), self.config)
+        check_layer(layer, self.config.model.depth, python=True)
+        grid = check_pool(pool, None if grid is None else int(grid), self.config, python=True)
         pixels = self.pixels(images, fit)
         return extract_features(self.model, pixels, self.processor.patch_size, layer, grid).cpu()
 
