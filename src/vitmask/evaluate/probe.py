@@ -217,8 +217,11 @@ def require_labels(data: LabelledSplits, cfg: Config) -> dict[str, torch.Tensor]
 
 
 def named(option: str, value, python: bool) -> str:
-    """How a message names an option and its value: `--grid 2` to the CLI's user, `grid=2` to Python's."""
-    return f"{option}={value!r}" if python else f"--{option} {value}"
+    """How a message names an option and its value: `--grid 2` (`--pool 'max'`) to the CLI's user, `grid=2`
+    (`pool='max'`) to Python's."""
+    if python:
+        return f"{option}={value!r}"
+    return f"--{option} '{value}'" if isinstance(value, str) else f"--{option} {value}"
 
 
 def check_layer(layer: int | Sequence[int] | None, depth: int, python: bool = False) -> None:
