@@ -196,7 +196,9 @@ def test_unreadable_data_hides_the_picker_and_nothing_is_downloaded(served, tmp_
     assert images is None and str(tmp_path / "missing") in why
 
 
-@pytest.mark.parametrize("query", ["start=-1", "start=x", "count=0", "count=101", "count=1e3"])
+@pytest.mark.parametrize(
+    "query", ["start=-1", "start=x", "count=0", "count=101", "count=1e3", "start=%C2%B2", "count=%D9%A1"]
+)  # the last two: '²' and the Arabic-Indic digit one, digits to str.isdigit that int() refuses or reads as 1
 def test_bad_example_queries_are_refused(client, query):
     assert_refused(client.get(f"/api/examples?{query}"), 400, "must be an integer")
 
@@ -274,6 +276,13 @@ def test_an_upload_declaring_too_many_bytes_is_refused_before_it_is_read(client)
     assert_refused(res, 413, "at most 8 MiB")
     res = client.post("/api/upload", content=b"x" * 10, headers={"content-length": "ten"})
     assert_refused(res, 400, "Content-Length header 'ten' is not a byte count")
+
+
+def test_a_content_length_of_digits_other_than_0_to_9_is_refused(served):
+    """'²' (Latin-1 0xB2), a digit to str.isdigit that int() refuses, sent as the header's raw byte."""
+    sent = call_asgi(make_app(served), "/api/upload", [(b"content-length", b"\xb2")], [b"x"])
+    assert sent[0]["status"] == 400
+    assert json.loads(sent[1]["body"])["error"] == "the Content-Length header '\u00b2' is not a byte count"
 
 
 def test_an_upload_sent_in_chunks_is_cut_off_past_the_limit(client):
@@ -432,6 +441,66 @@ def test_a_bad_fill_request_is_one_line(client, changes, needles):
 def test_a_bad_request_body_is_one_line(client, path, body, status, needle):
     res = client.post(path, content=body, headers={"content-type": "application/json"})
     assert_refused(res, status, needle)
+
+
+@pytest.mark.parametrize(
+    "body, needle, echoed",
+    [
+        ('{"pixels": "0", "\\udcff": 1}', "has no field", "\udcff"),  # a lone surrogate as a field's name
+        ('{"pixels": "0", "mask": "0", "order": "\\ud800"}', "must be 256 characters", None),
+        ('{"steps": 4, "order": "\\ud800"}', "--order must be one of", "\ud800"),
+    ],
+)
+def test_a_request_naming_text_that_is_not_utf8_gets_its_one_line(client, body, needle, echoed):
+    path = "/api/sample" if body.startswith('{"steps"') else "/api/fill"
+    res = client.post(path, content=body.encode(), headers={"content-type": "application/json"})
+    assert_refused(res, 400, needle)
+    assert echoed is None or echoed in res.json()["error"]
+
+
+def test_a_model_path_that_is_not_utf8_is_named_in_the_info(served):
+    name = "runs/model-\udcff.pt"  # a byte that is not UTF-8 in a path, as Python holds it (surrogateescape)
+    client = TestClient(make_app(dataclasses.replace(served, name=name)))
+    res = client.get("/api/info")
+    assert res.status_code == 200 and res.json()["model"]["name"] == name
+    assert res.content.isascii()
+
+
+def call_asgi(app, path: str, headers: list, chunks: list[bytes], disconnect: bool = False) -> list[dict]:
+    """POST `chunks` to `path` of the ASGI `app` directly, as a server would pass them (headers as raw
+    bytes), then a disconnect if asked; the messages the app sent back."""
+    import asyncio
+
+    sent = []
+    messages = [{"type": "http.request", "body": c, "more_body": disconnect or i + 1 < len(chunks)} for i, c in
+                enumerate(chunks)] + ([{"type": "http.disconnect"}] if disconnect else [])  # fmt: skip
+    messages = iter(messages)
+
+    async def receive():
+        return next(messages)
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+        "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
+        "headers": [(b"host", b"127.0.0.1:8000"), *headers], "client": ("127.0.0.1", 5000),
+        "server": ("127.0.0.1", 8000),
+    }  # fmt: skip
+    asyncio.run(app(scope, receive, send))
+    return sent
+
+
+def test_a_client_gone_before_its_body_ended_is_answered_and_the_server_goes_on(served):
+    """A client that sends part of a body and disconnects (or whose chunked body breaks off): the app
+    answers its one line to no one, raises nothing (no traceback in the server's output), and serves on."""
+    app = make_app(served)
+    for path in ("/api/upload", "/api/fill"):
+        sent = call_asgi(app, path, [], [b"\x89PNG"], disconnect=True)
+        assert sent[0]["status"] == 400, sent
+        assert "ended before its body did" in json.loads(sent[1]["body"])["error"]
+    assert post_ok(TestClient(app), "/api/sample", steps=2)["patches"] == N
 
 
 # ---- many pages at once -----------------------------------------------------------------------------------

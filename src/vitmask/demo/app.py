@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -279,17 +279,26 @@ class DemoEndpoints:
 
 
 # ---- requests and answers -------------------------------------------------------------------------------
+class AsciiJSONResponse(JSONResponse):
+    """JSON in ASCII: every other character as a JSON escape, so text that is not UTF-8 (a path's
+    undecodable bytes, a lone surrogate sent in a request and named in its error) is still an answer."""
+
+    def render(self, content) -> bytes:
+        return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode("ascii")
+
+
 def answer(payload: dict) -> JSONResponse:
-    return JSONResponse(payload, headers={"Cache-Control": "no-store"})
+    return AsciiJSONResponse(payload, headers={"Cache-Control": "no-store"})
 
 
 def failure(e: Exception) -> JSONResponse:
     status = getattr(e, "status", 400)
-    return JSONResponse({"error": " ".join(str(e).split())}, status_code=status, headers={"Cache-Control": "no-store"})
+    message = " ".join(str(e).split())
+    return AsciiJSONResponse({"error": message}, status_code=status, headers={"Cache-Control": "no-store"})
 
 
 def stopping() -> JSONResponse:
-    return JSONResponse({"error": "the demo server is stopping; start it again to go on"}, status_code=503)
+    return AsciiJSONResponse({"error": "the demo server is stopping; start it again to go on"}, status_code=503)
 
 
 def size_text(n: int) -> str:
@@ -302,16 +311,19 @@ async def read_body(request: Request, limit: int, what: str) -> bytes:
     too_large = BadRequest(f"{what} may be at most {size_text(limit)}; send a smaller one", 413)
     declared = request.headers.get("content-length")
     if declared is not None:
-        if not declared.isdigit():
+        if not is_decimal(declared):
             raise BadRequest(f"the Content-Length header '{declared[:40]}' is not a byte count")
         if int(declared) > limit:
             raise too_large
     chunks, total = [], 0
-    async for chunk in request.stream():
-        total += len(chunk)
-        if total > limit:
-            raise too_large
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            total += len(chunk)
+            if total > limit:
+                raise too_large
+            chunks.append(chunk)
+    except ClientDisconnect:  # the client went away, or its chunked body broke off: no one reads the answer
+        raise BadRequest(f"{what} ended before its body did; send it again") from None
     return b"".join(chunks)
 
 
@@ -373,11 +385,16 @@ def bits(image: torch.Tensor) -> str:
     return (image.flatten().to(torch.uint8).cpu() + ord("0")).numpy().tobytes().decode("ascii")
 
 
+def is_decimal(text: str) -> bool:
+    """Digits 0-9 only: str.isdigit alone takes '²' and other digits int() refuses."""
+    return text.isascii() and text.isdigit()
+
+
 def query_int(request: Request, name: str, default: int, lo: int, hi: int | None = None) -> int:
     text = request.query_params.get(name)
     if text is None:
         return default
-    if not text.isdigit() or len(text) > 9 or int(text) < lo or (hi is not None and int(text) > hi):
+    if not is_decimal(text) or len(text) > 9 or int(text) < lo or (hi is not None and int(text) > hi):
         top = f" to {hi}" if hi is not None else " or more"
         raise BadRequest(f"?{name}= must be an integer {lo}{top}, got '{text[:40]}'")
     return int(text)
