@@ -503,6 +503,38 @@ def test_a_client_gone_before_its_body_ended_is_answered_and_the_server_goes_on(
     assert post_ok(TestClient(app), "/api/sample", steps=2)["patches"] == N
 
 
+# ---- the Host header -----------------------------------------------------------------------------------
+LOCAL = frozenset({"localhost", "127.0.0.1", "[::1]"})
+
+
+@pytest.mark.parametrize(
+    "host, served_it",
+    [
+        ("127.0.0.1:8000", True),
+        ("localhost:8000", True),
+        ("LocalHost.:8000", True),  # names are case-blind, a final dot names the same host
+        ("[::1]:8000", True),
+        ("127.0.0.1", True),
+        ("rebound.example:8000", False),  # a page's own name pointed at 127.0.0.1 (DNS rebinding)
+        ("127.0.0.1.rebound.example", False),
+        ("localhost:8000@rebound.example", False),
+        ("[::1", False),
+        ("", False),
+    ],
+)
+def test_a_server_for_this_machine_answers_requests_for_its_names_only(served, host, served_it):
+    client = TestClient(make_app(served, hosts=LOCAL))
+    for res in (
+        client.get("/", headers={"host": host}),
+        client.get("/api/info", headers={"host": host}),
+        client.post("/api/sample", json={"steps": 2}, headers={"host": host}),
+    ):
+        if served_it:
+            assert res.status_code == 200, res.text
+        else:
+            assert_refused(res, 400, "answers for 127.0.0.1, [::1], localhost", "--host 0.0.0.0")
+
+
 # ---- many pages at once -----------------------------------------------------------------------------------
 def requests_of(page: int) -> list[tuple[str, dict]]:
     """A page's requests: its own image and seeds (page 0 and page 1 differ in each)."""

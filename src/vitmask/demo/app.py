@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -94,9 +95,44 @@ class ServerStopping(Exception):
     """The server is shutting down: a computation under way stops at its next round."""
 
 
-def make_app(models: DemoModels, stopping: threading.Event | None = None) -> Starlette:
-    """The app serving `models`. Setting `stopping` ends the computations under way at their next round."""
-    return Starlette(routes=DemoEndpoints(models, stopping or threading.Event()).routes())
+def make_app(
+    models: DemoModels, stopping: threading.Event | None = None, hosts: frozenset[str] | None = None
+) -> Starlette:
+    """The app serving `models`. Setting `stopping` ends the computations under way at their next round.
+    `hosts`: the host names a request's Host header may give (`HostsOnly`); None: any."""
+    middleware = [] if hosts is None else [Middleware(HostsOnly, hosts=hosts)]
+    return Starlette(routes=DemoEndpoints(models, stopping or threading.Event()).routes(), middleware=middleware)
+
+
+class HostsOnly:
+    """ASGI middleware: a request whose Host header names none of `hosts` is refused (400, one line).
+    A server listening on this machine only takes the names of this machine alone, so a web page
+    elsewhere cannot reach it through a DNS name of its own pointed at 127.0.0.1 (DNS rebinding) and
+    read its answers. A request without a Host header (HTTP/1.0; no browser sends one) is served."""
+
+    def __init__(self, app, hosts: frozenset[str]):
+        self.app, self.hosts = app, hosts
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http":
+            host = host_name(dict(scope["headers"]).get(b"host"))
+            if host is not None and host not in self.hosts:
+                refusal = BadRequest(
+                    f"this demo server listens on this machine only and answers for {', '.join(sorted(self.hosts))}, "
+                    f"not the host '{host[:60]}'; open the address it printed, or start it with --host 0.0.0.0"
+                )
+                await failure(refusal)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def host_name(header: bytes | None) -> str | None:
+    """The host of a Host header, lower case, without its port or a final dot: `[::1]` for `[::1]:8000`."""
+    if header is None:
+        return None
+    text = header.decode("latin-1").strip()
+    name, _, port = text.rpartition(":") if text.rfind(":") > text.rfind("]") else (text, "", "")
+    return (name if is_decimal(port) else text).lower().rstrip(".")
 
 
 def page_file(name: str) -> bytes:
