@@ -267,8 +267,25 @@ def test_a_wrong_size_upload_is_refused_where_the_model_fits_none(served):
     fit_none = dataclasses.replace(served.config, data=dataclasses.replace(served.config.data, fit="none"))
     client = TestClient(make_app(dataclasses.replace(served, config=fit_none)))
     assert post_upload(client, png_bytes(np.zeros((SIZE, SIZE), np.uint8)))["note"] == ""
-    res = client.post("/api/upload", content=png_bytes(np.zeros((20, 12), np.uint8)))
-    assert_refused(res, 400, "images are 20x12", "data.fit is none")
+    res = client.post("/api/upload", content=png_bytes(np.zeros((20, 12), np.uint8)))  # 12 wide, 20 high
+    assert_refused(res, 400, "the upload is 12 pixels wide and 20 high", "reads 16x16 images only", "resize the image")
+    assert "set data.fit" not in res.json()["error"]  # a setting the page has no way to change
+
+
+def test_an_upload_of_a_format_pillow_hands_to_another_program_is_refused_before_it_is_decoded(client, monkeypatch):
+    """EPS: Pillow opens it, then runs Ghostscript on its PostScript to decode it; an upload never gets there."""
+    from PIL import EpsImagePlugin
+
+    ran = []
+    monkeypatch.setattr(EpsImagePlugin, "has_ghostscript", lambda: True)
+    monkeypatch.setattr(EpsImagePlugin, "Ghostscript", lambda *args, **kwargs: ran.append(args))
+    eps = b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 16 16\nshowpage\n"
+    assert_refused(client.post("/api/upload", content=eps), 400, "the upload is a EPS file", "convert it to PNG")
+    assert ran == []
+    for fmt in ("JPEG", "BMP", "GIF", "TIFF", "WEBP", "PPM", "TGA"):  # formats decoded in this process still read
+        buf = io.BytesIO()
+        Image.fromarray(np.zeros((SIZE, SIZE), np.uint8)).save(buf, format=fmt)
+        assert post_upload(client, buf.getvalue())["pixels"] == "0" * SIZE * SIZE, fmt
 
 
 def test_an_upload_declaring_too_many_bytes_is_refused_before_it_is_read(client):

@@ -50,6 +50,9 @@ from vitmask.inference.classifier import check_top_k
 
 MAX_UPLOAD_BYTES = 8 << 20  # an uploaded image file
 MAX_UPLOAD_SIDE = 4096  # pixels a side of an uploaded image, checked before it is decoded
+# The formats an upload may be, by Pillow's names: each decoded in this process. Any other (EPS, which
+# Pillow hands to Ghostscript to run, among them) is refused from its header, before it is decoded.
+UPLOAD_FORMATS = ("PNG", "JPEG", "MPO", "BMP", "DIB", "GIF", "TIFF", "WEBP", "PPM", "TGA", "ICO")
 JSON_SLACK = 64 << 10  # a JSON request: its images (two of S*S characters) and this much more
 EXAMPLES_PAGE = 100  # test images one /api/examples answer holds at most
 SECURITY_HEADERS = {
@@ -219,12 +222,17 @@ class DemoEndpoints:
             path = Path(tmp) / "upload"
             path.write_bytes(body)
             try:
-                check_upload_size(path)
+                check_upload(path)
                 gray = load_image_file(path)  # (h, w) uint8
+                h, w = gray.shape
+                if self.data.fit == "none" and (h, w) != (self.size, self.size):
+                    raise UserError(
+                        f"the upload is {w} pixels wide and {h} high, and this model reads {self.size}x{self.size} "
+                        f"images only (its data.fit is none); resize the image to {self.size}x{self.size} first"
+                    )
                 picture = binarize_images(gray.unsqueeze(0), self.data)[0]  # (S, S)
             except UserError as e:
                 raise UserError(str(e).replace(str(path), "the upload")) from None
-        h, w = gray.shape
         note = ""
         if (h, w) != (self.size, self.size):
             note = f"fitted {w}x{h} to {self.size}x{self.size} (data.fit {self.data.fit}), as vitmask inpaint reads it"
@@ -436,8 +444,9 @@ def query_int(request: Request, name: str, default: int, lo: int, hi: int | None
     return int(text)
 
 
-def check_upload_size(path: Path) -> None:
-    """Refuse an image over MAX_UPLOAD_SIDE pixels a side from its header, before any pixel is decoded."""
+def check_upload(path: Path) -> None:
+    """Refuse an image of a format outside UPLOAD_FORMATS, or over MAX_UPLOAD_SIDE pixels a side, from its
+    header, before any pixel is decoded."""
     from PIL import Image
 
     try:
@@ -445,8 +454,14 @@ def check_upload_size(path: Path) -> None:
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # the size is checked just below
             with Image.open(path) as im:
                 w, h = im.size
+                kind = im.format
     except Exception:  # not an image, or a broken one: load_image_file says so in its own words
         return
+    if kind not in UPLOAD_FORMATS:
+        raise UserError(
+            f"the upload is a {kind} file, which the demo does not read; convert it to PNG (or JPEG, BMP, GIF, TIFF, "
+            "WebP) first"
+        )
     if max(w, h) > MAX_UPLOAD_SIDE:
         raise UserError(
             f"the upload is {w}x{h} pixels; the demo reads images up to {MAX_UPLOAD_SIDE} pixels a side; "
