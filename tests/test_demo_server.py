@@ -643,9 +643,12 @@ def test_a_classifier_of_another_image_size_is_refused(models, tmp_path):
         open_models(small, models[2], "cpu")
 
 
-def test_the_defaults_are_the_shipped_models_through_the_verbs_loaders(monkeypatch, served):
-    """No --checkpoint: the names mnist and mnist-classifier go to open_model and the classifier loader (which
-    resolve shipped names); --checkpoint alone: that model, and no classifier loaded."""
+def test_the_defaults_are_the_shipped_models_through_the_verbs_loaders(monkeypatch, served, tmp_path):
+    """No --checkpoint: the folders of the shipped mnist and mnist-classifier go to open_model and the
+    classifier loader; --checkpoint alone: that model, and no classifier loaded."""
+    from vitmask.pretrained import resolve_model_path
+
+    monkeypatch.chdir(tmp_path)  # no folder of those names here: the names give the package's folders
     import vitmask.demo.models as demo_models
 
     opened = []
@@ -662,10 +665,24 @@ def test_the_defaults_are_the_shipped_models_through_the_verbs_loaders(monkeypat
     monkeypatch.setattr(demo_models, "load_classifier_model", fake_load_classifier)
     with pytest.raises(LookupError):
         open_models(None, None)
-    assert opened == [Path("mnist"), Path("mnist-classifier")]
+    assert opened == [resolve_model_path("mnist"), resolve_model_path("mnist-classifier")]  # the package's folders
     opened.clear()
     assert open_models(Path("mine.pt"), None).classifier is None
     assert opened == [Path("mine.pt")]
+
+
+def test_the_defaults_are_the_shipped_models_whatever_the_working_directory_holds_of_their_names(monkeypatch, tmp_path):
+    """A folder `mnist` (MNIST's data, say) and a file `mnist-classifier` where `vitmask demo` starts: the user
+    named no model, so the demo serves the shipped ones (a name the user passes still reads the path first)."""
+    (tmp_path / "mnist").mkdir()
+    (tmp_path / "mnist" / "t10k-images-idx3-ubyte").write_bytes(b"not a model")
+    (tmp_path / "mnist-classifier").write_text("not a model")
+    monkeypatch.chdir(tmp_path)
+    served = open_models(None, None, "cpu")
+    assert (served.name, served.classifier_name) == ("mnist", "mnist-classifier")
+    assert served.config.data.image_size == 28 and served.classifier.names == [str(d) for d in range(10)]
+    with pytest.raises(UserError, match="checkpoint mnist is a folder"):
+        open_models(Path("mnist"), None, "cpu")
 
 
 def test_the_shipped_defaults_serve_mnist_its_classifier_and_its_examples():
