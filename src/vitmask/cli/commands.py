@@ -116,17 +116,21 @@ def as_paragraphs(text: str | None) -> str | None:
     return "\n\n".join(" ".join(p.split()) for p in inspect.cleandoc(text).split("\n\n") if p.strip())
 
 
+WITHOUT_LIBRARY = {"models"}  # commands that need no torch: `vitmask models` reads shipped.json files
+
+
 class ParagraphHelpGroup(TyperGroup):
     """The `vitmask` group: every command's help (and the group's own) as paragraphs (`as_paragraphs`),
     the commands listed in the order they are defined (TyperGroup's), each importing the library first
-    (`_library_first`)."""
+    (`_library_first`) but those of WITHOUT_LIBRARY."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.help = as_paragraphs(self.help)
-        for command in self.commands.values():
+        for name, command in self.commands.items():
             command.help = as_paragraphs(command.help)
-            command.callback = _library_first(command.callback)
+            if name not in WITHOUT_LIBRARY:
+                command.callback = _library_first(command.callback)
 
 
 app = typer.Typer(
