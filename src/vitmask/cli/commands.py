@@ -668,6 +668,17 @@ def _run_app(args: list[str]):
         raise
 
 
+def _say(line: str) -> None:
+    """One line on stderr. A stderr that cannot take it (a full disk, its reader gone) is pointed at
+    /dev/null instead, so the exit code still says what happened (2, 130, ...) rather than 1 from a
+    failed print, and the interpreter's last flush at exit fails quietly."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stderr.fileno())
+
+
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else list(argv)
     for stream in (sys.stdout, sys.stderr):  # a path with undecodable bytes must not crash a print
@@ -684,20 +695,20 @@ def main(argv: list[str] | None = None) -> None:
     except UsageError as e:
         cmd = e.ctx.command_path if e.ctx is not None else "vitmask"
         message = e.format_message().strip() or "bad usage"
-        print(f"{cmd}: error: {' '.join(message.split())} (see '{cmd} --help')", file=sys.stderr)
+        _say(f"{cmd}: error: {' '.join(message.split())} (see '{cmd} --help')")
         sys.exit(2)
     except CannotStart as e:
-        print(f"vitmask: cannot start: {e}", file=sys.stderr)
+        _say(f"vitmask: cannot start: {e}")
         sys.exit(2)
     except UserError as e:
-        print(f"vitmask: error: {' '.join(str(e).split())}", file=sys.stderr)
+        _say(f"vitmask: error: {' '.join(str(e).split())}")
         sys.exit(2)
     except Interrupted as e:  # SIGINT / SIGTERM during training, after its checkpoint was written
-        print(f"vitmask: {e}", file=sys.stderr)
+        _say(f"vitmask: {e}")
         sys.exit(e.code)
     except (Stopped, KeyboardInterrupt) as e:  # a signal outside the training loop
         stop = e if isinstance(e, Stopped) else Stopped(signal.SIGINT)
-        print(f"vitmask: stopped by {stop.name} before it finished; no partial output was left", file=sys.stderr)
+        _say(f"vitmask: stopped by {stop.name} before it finished; no partial output was left")
         sys.exit(stop.code)
     except BrokenPipeError:  # stdout closed by the reader: nothing more to say to it
         outputs.mute_stdout()
@@ -707,11 +718,11 @@ def main(argv: list[str] | None = None) -> None:
 
         if not is_out_of_memory(e):
             raise
-        print(f"vitmask: error: {out_of_memory(e, None, ' '.join(args[:1]) or 'vitmask')}", file=sys.stderr)
+        _say(f"vitmask: error: {out_of_memory(e, None, ' '.join(args[:1]) or 'vitmask')}")
         sys.exit(2)
     except OSError as e:  # the file system refused a path no check above foresaw (too long, a loop, I/O error)
         what = f"{e.filename}: " if e.filename else ""
-        print(f"vitmask: error: {what}{reason(e)}; check the path and the file system", file=sys.stderr)
+        _say(f"vitmask: error: {what}{reason(e)}; check the path and the file system")
         sys.exit(2)
     sys.exit(rv if isinstance(rv, int) else 0)
 
@@ -765,5 +776,5 @@ def demo(
     try:
         serve(checkpoint, classifier, host, port, device, weights)
     except Stopped as e:
-        print(f"vitmask demo: stopped by {e.name}", file=sys.stderr)
+        _say(f"vitmask demo: stopped by {e.name}")
         raise SystemExit(e.code) from None
