@@ -339,6 +339,9 @@ def main(argv: list[str] | None = None) -> int:
     stale = []
     for name, generate in PAGES.items():
         path = args.docs / name
+        if not path.is_file():
+            pages = " and ".join(PAGES)
+            raise SystemExit(f"gen_reference: {path} is not there; pass --docs the folder that holds {pages}")
         old = path.read_text()
         new = merged(old, generate(), str(path))
         if new == old:

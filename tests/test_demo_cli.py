@@ -83,6 +83,73 @@ def test_sigterm_ends_it_with_143_and_host_0000_listens_on_every_address(models)
     assert stop == (143, "", "vitmask demo: stopped by SIGTERM\n")
 
 
+def exchange(port: int, request: bytes, hang_up: bool = False) -> bytes:
+    """Send `request` as it is to 127.0.0.1:port; the first bytes of the answer (none when `hang_up`)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as conn:
+        conn.sendall(request)
+        return b"" if hang_up else conn.recv(4096)
+
+
+def test_bad_requests_get_their_answers_and_leave_the_servers_output_as_it_was(models):
+    """Malformed requests, a client gone mid-body, a query of odd digits, a Host of another name and more
+    connections than the server takes: each is answered (or its client is gone), the server serves on,
+    and its output holds the address and the stop alone: no traceback, no warning per request."""
+    proc, line, url = start_demo("--checkpoint", models[1], "--port", 0, "--device", "cpu")
+    port = int(url.rsplit(":", 1)[1].strip("/"))
+    ok = b"Host: 127.0.0.1:%d\r\n" % port
+    try:
+        assert exchange(port, b"GARBAGE\r\n\r\n").startswith(b"HTTP/1.1 400 ")  # uvicorn's own answer
+        broken = b"GET /api/info HTTP/1.1\r\n" + ok + b"Transfer-Encoding: chunked\r\n\r\nzz\r\n"
+        assert exchange(port, broken).startswith(b"HTTP/1.1 400 ")  # uvicorn answers it while the app does too
+        exchange(port, b"POST /api/upload HTTP/1.1\r\n" + ok + b"Content-Length: 1000\r\n\r\nabc", hang_up=True)
+        digits = exchange(port, b"GET /api/examples?start=%C2%B2 HTTP/1.1\r\n" + ok + b"\r\n")
+        assert digits.startswith(b"HTTP/1.1 400 ") and b"must be an integer" in digits
+        rebound = exchange(port, b"GET /api/info HTTP/1.1\r\nHost: rebound.example:%d\r\n\r\n" % port)
+        assert rebound.startswith(b"HTTP/1.1 400 ") and b"not the host 'rebound.example'" in rebound
+        waiting = []  # requests waiting for their bodies, past the server's limit on concurrent connections
+        for _ in range(70):
+            conn = socket.create_connection(("127.0.0.1", port), timeout=30)
+            conn.sendall(b"POST /api/fill HTTP/1.1\r\n" + ok + b"Content-Length: 10\r\n\r\n")
+            waiting.append(conn)
+        try:
+            assert exchange(port, b"GET /api/info HTTP/1.1\r\n" + ok + b"\r\n").startswith(b"HTTP/1.1 503 ")
+        finally:
+            for conn in waiting:
+                conn.close()
+        assert '"image_size":16' in fetch(url + "api/info")  # serving on
+    finally:
+        stop = stopped_by(proc, signal.SIGINT)
+    assert stop == (130, "", "vitmask demo: stopped by SIGINT\n")
+
+
+def test_a_signal_before_the_servers_loop_runs_leaves_no_coroutine_unrun(monkeypatch):
+    """A stop between the address line and uvicorn's own signal handlers: the signal's Stopped is raised
+    after `run` made uvicorn's `serve` coroutine and before a loop ran it. That coroutine is closed, so
+    no 'coroutine ... was never awaited' warning follows the stop line."""
+    import gc
+    import threading
+    import warnings
+
+    import uvicorn
+    import uvicorn.server
+
+    from vitmask.demo.serve import DemoServer
+    from vitmask.errors import Stopped
+
+    def the_signal_arrives(main, **kwargs):
+        raise Stopped(signal.SIGINT)
+
+    monkeypatch.setattr(uvicorn.server, "asyncio_run", the_signal_arrives)
+    server = DemoServer(uvicorn.Config(app=None), threading.Event())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(Stopped):
+            server.run(sockets=[])
+        del server
+        gc.collect()
+    assert [str(w.message) for w in caught] == []
+
+
 def test_a_port_in_use_is_one_line_and_a_failed_start_frees_its_port(refused, models):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -163,6 +230,27 @@ def test_the_set_up_installs_the_demo_and_its_test_packages_pinned():
         "httpx": "0.28.1",
         "playwright": "1.65.2",
     }
+
+
+@pytest.mark.parametrize(
+    "host, names",
+    [
+        ("127.0.0.1", {"localhost", "127.0.0.1", "[::1]"}),
+        ("localhost", {"localhost", "127.0.0.1", "[::1]"}),
+        ("::1", {"localhost", "127.0.0.1", "[::1]"}),
+        ("127.0.0.2", {"localhost", "127.0.0.1", "[::1]", "127.0.0.2"}),
+        ("0.0.0.0", None),  # every address: the names others reach it by are not the server's to know
+    ],
+)
+def test_a_server_on_this_machine_only_answers_for_its_own_names(host, names):
+    from vitmask.demo.serve import listen, local_hosts
+
+    try:
+        sock = listen(host, 0)
+    except UserError as e:
+        pytest.skip(f"this machine cannot listen on {host}: {e}")
+    with sock:
+        assert local_hosts(sock, host) == (None if names is None else frozenset(names))
 
 
 @pytest.mark.parametrize(

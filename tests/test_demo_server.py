@@ -196,7 +196,9 @@ def test_unreadable_data_hides_the_picker_and_nothing_is_downloaded(served, tmp_
     assert images is None and str(tmp_path / "missing") in why
 
 
-@pytest.mark.parametrize("query", ["start=-1", "start=x", "count=0", "count=101", "count=1e3"])
+@pytest.mark.parametrize(
+    "query", ["start=-1", "start=x", "count=0", "count=101", "count=1e3", "start=%C2%B2", "count=%D9%A1"]
+)  # the last two: '²' and the Arabic-Indic digit one, digits to str.isdigit that int() refuses or reads as 1
 def test_bad_example_queries_are_refused(client, query):
     assert_refused(client.get(f"/api/examples?{query}"), 400, "must be an integer")
 
@@ -265,8 +267,25 @@ def test_a_wrong_size_upload_is_refused_where_the_model_fits_none(served):
     fit_none = dataclasses.replace(served.config, data=dataclasses.replace(served.config.data, fit="none"))
     client = TestClient(make_app(dataclasses.replace(served, config=fit_none)))
     assert post_upload(client, png_bytes(np.zeros((SIZE, SIZE), np.uint8)))["note"] == ""
-    res = client.post("/api/upload", content=png_bytes(np.zeros((20, 12), np.uint8)))
-    assert_refused(res, 400, "images are 20x12", "data.fit is none")
+    res = client.post("/api/upload", content=png_bytes(np.zeros((20, 12), np.uint8)))  # 12 wide, 20 high
+    assert_refused(res, 400, "the upload is 12 pixels wide and 20 high", "reads 16x16 images only", "resize the image")
+    assert "set data.fit" not in res.json()["error"]  # a setting the page has no way to change
+
+
+def test_an_upload_of_a_format_pillow_hands_to_another_program_is_refused_before_it_is_decoded(client, monkeypatch):
+    """EPS: Pillow opens it, then runs Ghostscript on its PostScript to decode it; an upload never gets there."""
+    from PIL import EpsImagePlugin
+
+    ran = []
+    monkeypatch.setattr(EpsImagePlugin, "has_ghostscript", lambda: True)
+    monkeypatch.setattr(EpsImagePlugin, "Ghostscript", lambda *args, **kwargs: ran.append(args))
+    eps = b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 16 16\nshowpage\n"
+    assert_refused(client.post("/api/upload", content=eps), 400, "the upload is a EPS file", "convert it to PNG")
+    assert ran == []
+    for fmt in ("JPEG", "BMP", "GIF", "TIFF", "WEBP", "PPM", "TGA"):  # formats decoded in this process still read
+        buf = io.BytesIO()
+        Image.fromarray(np.zeros((SIZE, SIZE), np.uint8)).save(buf, format=fmt)
+        assert post_upload(client, buf.getvalue())["pixels"] == "0" * SIZE * SIZE, fmt
 
 
 def test_an_upload_declaring_too_many_bytes_is_refused_before_it_is_read(client):
@@ -274,6 +293,13 @@ def test_an_upload_declaring_too_many_bytes_is_refused_before_it_is_read(client)
     assert_refused(res, 413, "at most 8 MiB")
     res = client.post("/api/upload", content=b"x" * 10, headers={"content-length": "ten"})
     assert_refused(res, 400, "Content-Length header 'ten' is not a byte count")
+
+
+def test_a_content_length_of_digits_other_than_0_to_9_is_refused(served):
+    """'²' (Latin-1 0xB2), a digit to str.isdigit that int() refuses, sent as the header's raw byte."""
+    sent = call_asgi(make_app(served), "/api/upload", [(b"content-length", b"\xb2")], [b"x"])
+    assert sent[0]["status"] == 400
+    assert json.loads(sent[1]["body"])["error"] == "the Content-Length header '\u00b2' is not a byte count"
 
 
 def test_an_upload_sent_in_chunks_is_cut_off_past_the_limit(client):
@@ -434,6 +460,98 @@ def test_a_bad_request_body_is_one_line(client, path, body, status, needle):
     assert_refused(res, status, needle)
 
 
+@pytest.mark.parametrize(
+    "body, needle, echoed",
+    [
+        ('{"pixels": "0", "\\udcff": 1}', "has no field", "\udcff"),  # a lone surrogate as a field's name
+        ('{"pixels": "0", "mask": "0", "order": "\\ud800"}', "must be 256 characters", None),
+        ('{"steps": 4, "order": "\\ud800"}', "--order must be one of", "\ud800"),
+    ],
+)
+def test_a_request_naming_text_that_is_not_utf8_gets_its_one_line(client, body, needle, echoed):
+    path = "/api/sample" if body.startswith('{"steps"') else "/api/fill"
+    res = client.post(path, content=body.encode(), headers={"content-type": "application/json"})
+    assert_refused(res, 400, needle)
+    assert echoed is None or echoed in res.json()["error"]
+
+
+def test_a_model_path_that_is_not_utf8_is_named_in_the_info(served):
+    name = "runs/model-\udcff.pt"  # a byte that is not UTF-8 in a path, as Python holds it (surrogateescape)
+    client = TestClient(make_app(dataclasses.replace(served, name=name)))
+    res = client.get("/api/info")
+    assert res.status_code == 200 and res.json()["model"]["name"] == name
+    assert res.content.isascii()
+
+
+def call_asgi(app, path: str, headers: list, chunks: list[bytes], disconnect: bool = False) -> list[dict]:
+    """POST `chunks` to `path` of the ASGI `app` directly, as a server would pass them (headers as raw
+    bytes), then a disconnect if asked; the messages the app sent back."""
+    import asyncio
+
+    sent = []
+    messages = [{"type": "http.request", "body": c, "more_body": disconnect or i + 1 < len(chunks)} for i, c in
+                enumerate(chunks)] + ([{"type": "http.disconnect"}] if disconnect else [])  # fmt: skip
+    messages = iter(messages)
+
+    async def receive():
+        return next(messages)
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+        "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
+        "headers": [(b"host", b"127.0.0.1:8000"), *headers], "client": ("127.0.0.1", 5000),
+        "server": ("127.0.0.1", 8000),
+    }  # fmt: skip
+    asyncio.run(app(scope, receive, send))
+    return sent
+
+
+def test_a_client_gone_before_its_body_ended_is_answered_and_the_server_goes_on(served):
+    """A client that sends part of a body and disconnects (or whose chunked body breaks off): the app
+    answers its one line to no one, raises nothing (no traceback in the server's output), and serves on."""
+    app = make_app(served)
+    for path in ("/api/upload", "/api/fill"):
+        sent = call_asgi(app, path, [], [b"\x89PNG"], disconnect=True)
+        assert sent[0]["status"] == 400, sent
+        assert "ended before its body did" in json.loads(sent[1]["body"])["error"]
+    assert post_ok(TestClient(app), "/api/sample", steps=2)["patches"] == N
+
+
+# ---- the Host header -----------------------------------------------------------------------------------
+LOCAL = frozenset({"localhost", "127.0.0.1", "[::1]"})
+
+
+@pytest.mark.parametrize(
+    "host, served_it",
+    [
+        ("127.0.0.1:8000", True),
+        ("localhost:8000", True),
+        ("LocalHost.:8000", True),  # names are case-blind, a final dot names the same host
+        ("[::1]:8000", True),
+        ("127.0.0.1", True),
+        ("rebound.example:8000", False),  # a page's own name pointed at 127.0.0.1 (DNS rebinding)
+        ("127.0.0.1.rebound.example", False),
+        ("localhost:8000@rebound.example", False),
+        ("[::1", False),
+        ("", False),
+    ],
+)
+def test_a_server_for_this_machine_answers_requests_for_its_names_only(served, host, served_it):
+    client = TestClient(make_app(served, hosts=LOCAL))
+    for res in (
+        client.get("/", headers={"host": host}),
+        client.get("/api/info", headers={"host": host}),
+        client.post("/api/sample", json={"steps": 2}, headers={"host": host}),
+    ):
+        if served_it:
+            assert res.status_code == 200, res.text
+        else:
+            assert_refused(res, 400, "answers for 127.0.0.1, [::1], localhost", "--host 0.0.0.0")
+
+
 # ---- many pages at once -----------------------------------------------------------------------------------
 def requests_of(page: int) -> list[tuple[str, dict]]:
     """A page's requests: its own image and seeds (page 0 and page 1 differ in each)."""
@@ -525,9 +643,12 @@ def test_a_classifier_of_another_image_size_is_refused(models, tmp_path):
         open_models(small, models[2], "cpu")
 
 
-def test_the_defaults_are_the_shipped_models_through_the_verbs_loaders(monkeypatch, served):
-    """No --checkpoint: the names mnist and mnist-classifier go to open_model and the classifier loader (which
-    resolve shipped names); --checkpoint alone: that model, and no classifier loaded."""
+def test_the_defaults_are_the_shipped_models_through_the_verbs_loaders(monkeypatch, served, tmp_path):
+    """No --checkpoint: the folders of the shipped mnist and mnist-classifier go to open_model and the
+    classifier loader; --checkpoint alone: that model, and no classifier loaded."""
+    from vitmask.pretrained import resolve_model_path
+
+    monkeypatch.chdir(tmp_path)  # no folder of those names here: the names give the package's folders
     import vitmask.demo.models as demo_models
 
     opened = []
@@ -544,10 +665,24 @@ def test_the_defaults_are_the_shipped_models_through_the_verbs_loaders(monkeypat
     monkeypatch.setattr(demo_models, "load_classifier_model", fake_load_classifier)
     with pytest.raises(LookupError):
         open_models(None, None)
-    assert opened == [Path("mnist"), Path("mnist-classifier")]
+    assert opened == [resolve_model_path("mnist"), resolve_model_path("mnist-classifier")]  # the package's folders
     opened.clear()
     assert open_models(Path("mine.pt"), None).classifier is None
     assert opened == [Path("mine.pt")]
+
+
+def test_the_defaults_are_the_shipped_models_whatever_the_working_directory_holds_of_their_names(monkeypatch, tmp_path):
+    """A folder `mnist` (MNIST's data, say) and a file `mnist-classifier` where `vitmask demo` starts: the user
+    named no model, so the demo serves the shipped ones (a name the user passes still reads the path first)."""
+    (tmp_path / "mnist").mkdir()
+    (tmp_path / "mnist" / "t10k-images-idx3-ubyte").write_bytes(b"not a model")
+    (tmp_path / "mnist-classifier").write_text("not a model")
+    monkeypatch.chdir(tmp_path)
+    served = open_models(None, None, "cpu")
+    assert (served.name, served.classifier_name) == ("mnist", "mnist-classifier")
+    assert served.config.data.image_size == 28 and served.classifier.names == [str(d) for d in range(10)]
+    with pytest.raises(UserError, match="checkpoint mnist is a folder"):
+        open_models(Path("mnist"), None, "cpu")
 
 
 def test_the_shipped_defaults_serve_mnist_its_classifier_and_its_examples():

@@ -348,6 +348,19 @@ def test_eval_refuses_bad_exact_nll_options_in_one_line(run_cli, ckpt, extra, ne
     assert_user_error(res, *needles)
 
 
+@pytest.mark.parametrize(
+    "extra,needles",
+    [
+        (["--nll-order", "column"], ["--nll-order picks the order of --nll's exact NLLs", "add --nll"]),
+        (["--nll-order", "diagonal"], ["--nll-order picks the order", "add --nll"]),
+        (["--nll-orders", "9"], ["--nll-orders must be between 0", "got 9"]),
+        (["--nll-exact-images", "-3"], ["--nll-exact-images must be at least 0", "got -3"]),
+    ],
+)
+def test_eval_without_nll_refuses_its_exact_nll_options_instead_of_ignoring_them(run_cli, ckpt, extra, needles):
+    assert_user_error(run_cli("eval", "--checkpoint", ckpt, "--device", "cpu", *extra), *needles)
+
+
 def test_the_table_marks_the_bound_and_the_exact_numbers_and_shows_a_mixture_only_of_several_orders():
     from vitmask.evaluate.likelihood import format_nll
 

@@ -215,6 +215,27 @@ def test_a_closed_stdout_is_one_line_and_nothing_is_made(trained, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.yaml"]
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (a file every write to fails)")
+@pytest.mark.parametrize(
+    "args, code",
+    [
+        (["sample", "--checkpoint", "missing.pt", "--out", "s.png"], 2),  # bad input
+        (["sample", "--no-such-option"], 2),  # a usage error
+        (["models"], 0),
+    ],
+)
+def test_a_stderr_that_cannot_be_written_leaves_the_exit_code_as_documented(tmp_path, args, code):
+    """`vitmask ... 2>/dev/full`: the error line cannot be written (as on a full disk, or a pipe whose
+    reader is gone), and the exit code still says what happened: 2 for bad input, not 1."""
+    with open("/dev/full", "w") as full:
+        res = subprocess.run(
+            [sys.executable, "-m", "vitmask", *args], cwd=tmp_path, env=ENV, stdout=subprocess.DEVNULL, stderr=full,
+            timeout=300,
+        )  # fmt: skip
+    assert res.returncode == code
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_loop_of_symbolic_links_is_one_line_wherever_a_path_goes(trained, tmp_path, capsys):
     a, b = tmp_path / "a.png", tmp_path / "b.png"
     a.symlink_to(b)

@@ -85,6 +85,25 @@ def test_from_pretrained_reads_an_export_dirs_data_entry(tmp_path):
     assert proc(GRAY).classes.tolist() == [INVERTED]
 
 
+@pytest.mark.parametrize("name", ["mnist", "mnist-classifier", "shapes"])
+def test_from_pretrained_takes_a_shipped_models_name(name, tmp_path, monkeypatch):
+    """The name reads the shipped folder's config.json, whose data entry is read here by hand; a folder of
+    the name in the working directory wins, as for every loader."""
+    from vitmask import pretrained
+
+    monkeypatch.chdir(tmp_path)
+    data = json.loads((pretrained.HERE / name / "config.json").read_text())["data"]
+    proc = ImageProcessor.from_pretrained(name)
+    fields = (proc.image_size, proc.patch_size, proc.threshold, proc.invert, proc.fit)
+    assert fields == (data["image_size"], data["patch_size"], data["threshold"], data["invert"], data["fit"])
+    (tmp_path / name).mkdir()
+    mine = {"image_size": 4, "patch_size": 2, "threshold": 0.5, "invert": False, "fit": "pad"}
+    (tmp_path / name / "config.json").write_text(json.dumps({"data": mine}))
+    assert ImageProcessor.from_pretrained(name) == ImageProcessor(4, 2, 0.5, False, "pad")
+    with pytest.raises(UserError, match="no model of that name ships with vitmask"):
+        ImageProcessor.from_pretrained("mnst")
+
+
 def test_bad_input_is_one_clear_error(tmp_path):
     proc = ImageProcessor(image_size=4, fit="none")
     cases = [

@@ -100,6 +100,13 @@ def app_with_a_new_verb() -> typer.Typer:
     return app
 
 
+@pytest.mark.parametrize("check", [["--check"], []])
+def test_a_docs_folder_without_the_pages_is_one_line(tmp_path, check):
+    with pytest.raises(SystemExit, match=r"docs/cli\.md is not there; pass --docs the folder that holds cli\.md"):
+        gen.main([*check, "--docs", str(tmp_path / "docs")])
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_new_verb_and_its_options_appear_with_no_change_to_the_script():
     page = gen.cli_reference(app_with_a_new_verb())
     assert "vitmask made-up [--fit pad] --size INTEGER [--verbose | --quiet]\n" in page

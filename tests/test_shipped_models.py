@@ -257,6 +257,73 @@ def test_the_listing_needs_no_torch():
     assert res.stdout.startswith("mnist  ")
 
 
+@pytest.fixture
+def installed_copy(tmp_path, monkeypatch):
+    """The shipped folders copied, standing in for the installed package's (pretrained.HERE), to damage."""
+    copy = tmp_path / "pretrained"
+    shutil.copytree(pretrained.HERE, copy, ignore=shutil.ignore_patterns("__pycache__", "*.py"))
+    monkeypatch.setattr(pretrained, "HERE", copy)
+    return copy
+
+
+def test_a_changed_shipped_json_lists_no_figure_that_is_not_a_finite_number(run_cli, installed_copy):
+    """shipped.json edited in the installed package: an image count that is text, figures that are a bool,
+    NaN, inf or an integer past a float, a summary that is no text and a quick flag that is a word are
+    left out of both listings (as never recorded), and --json stays strict JSON."""
+    (installed_copy / "mnist" / pretrained.METADATA_FILE).write_text(
+        '{"metrics": {"images": "many", "acc_r0.5": true, "acc_nonempty_r0.5": NaN, "nll_bound_nats": 1e400, '
+        '"acc_nonempty_centre_box": ' + "9" * 400 + '}, "data": {"summary": 5}, "quick": "no"}'
+    )
+    res = run_cli("models", "--json")
+    assert res.returncode == 0, res.stderr
+
+    def refuse(constant):
+        raise ValueError(f"not strict JSON: {constant}")
+
+    rows = {r["name"]: r for r in json.loads(res.stdout, parse_constant=refuse)}
+    assert (rows["mnist"]["test_images"], rows["mnist"]["metrics"]) == (None, {})
+    assert (rows["mnist"]["data"], rows["mnist"]["quick"]) == ("", False)
+    assert rows["shapes"]["metrics"] == {k: v for k, v in record("shapes")["metrics"].items() if k in LABELS}
+    res = run_cli("models")
+    assert res.returncode == 0 and res.stderr == "", res.stderr
+    mnist = res.stdout.split("\n\n")[0]
+    assert "  figures: none recorded" in mnist and "(a --quick build" not in mnist
+
+
+def test_a_damaged_or_missing_shipped_model_says_so_and_to_reinstall(run_cli, installed_copy, tmp_path, monkeypatch):
+    """Files of the installed package changed: each verb says which shipped model is damaged or missing and
+    to reinstall vitmask, never to export it again (the user exported nothing)."""
+    weights = installed_copy / "mnist" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2] ^= 1
+    weights.write_bytes(bytes(data))
+    (installed_copy / "mnist-classifier" / "config.json").write_text("{")
+    shutil.rmtree(installed_copy / "shapes")
+    monkeypatch.chdir(tmp_path)
+    cases = [
+        (("sample", "--checkpoint", "mnist", "--out", "s.png"), "mnist is damaged", "its SHA-256 differs"),
+        (
+            (
+                "predict",
+                "--checkpoint",
+                "mnist-classifier",
+                "--input",
+                ROOT / "docs" / "inpaint_input.png",
+                "--out",
+                "p.csv",
+            ),
+            "mnist-classifier is damaged",
+            "config.json cannot be read",
+        ),  # fmt: skip
+        (("sample", "--checkpoint", "shapes", "--out", "s.png"), "shapes is missing from this installation", ""),
+    ]
+    for args, problem, detail in cases:
+        res = run_cli(*args)
+        assert_user_error(res, f"the shipped model {problem}", detail, "reinstall vitmask")
+        assert "export it again" not in res.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pretrained"]
+
+
 # ---- a shipped model's missing data ---------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["mnist", "mnist-classifier"])
 def test_eval_of_a_shipped_mnist_model_without_the_data_says_where_to_get_it(run_cli, tmp_path, monkeypatch, name):

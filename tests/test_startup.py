@@ -52,6 +52,13 @@ def test_the_app_has_the_verbs_this_file_checks():
     assert {"train", "eval", "probe", "export", "pack", "predict", "finetune"} <= set(registered_verbs())
 
 
+def test_vitmask_models_lists_the_shipped_models_without_importing_torch():
+    """The listing reads each folder's shipped.json and the sizes on disk: no command needs torch less."""
+    report, out, err = run_probe("models")
+    assert report == {"code": 0, "torch": False} and err == []
+    assert [line.split()[0] for line in out.split("\n\n")[:3]] == ["mnist", "mnist-classifier", "shapes"]
+
+
 def test_the_groups_help_does_not_import_torch():
     report, out, _ = run_probe("--help")
     assert report == {"code": 0, "torch": False}

@@ -96,6 +96,19 @@ def test_the_wheel_holds_the_shipped_models(installed):
     assert {f"vitmask/pretrained/{m}/examples.npz" for m in ("mnist", "shapes")} <= names
 
 
+def test_the_wheel_holds_every_file_of_the_package(installed):
+    """Every file git tracks under src/vitmask (the modules, the demo's page and script, the shipped models)
+    is in the wheel: a file the package data of pyproject.toml does not name fails here, not on a user's
+    machine."""
+    tracked = run(["git", "ls-files", "-z", "src/vitmask"], cwd=ROOT)
+    if tracked.returncode != 0:
+        missing(f"git ls-files failed: {tracked.stderr.strip()}")
+    wanted = {name.removeprefix("src/") for name in tracked.stdout.split("\0") if name}
+    assert {"vitmask/demo/static/index.html", "vitmask/demo/static/demo.js", "vitmask/cli/entry.py"} <= wanted
+    names = set(zipfile.ZipFile(installed["wheel"]).namelist())
+    assert sorted(wanted - names) == []
+
+
 def test_vitmask_in_the_venv_is_the_wheels(installed):
     code = "import vitmask, torch; print(vitmask.__file__); print(torch.__file__)"
     res = run([installed["venv"] / "bin" / "python", "-c", code], cwd=installed["work"], env=installed["env"])

@@ -116,17 +116,21 @@ def as_paragraphs(text: str | None) -> str | None:
     return "\n\n".join(" ".join(p.split()) for p in inspect.cleandoc(text).split("\n\n") if p.strip())
 
 
+WITHOUT_LIBRARY = {"models"}  # commands that need no torch: `vitmask models` reads shipped.json files
+
+
 class ParagraphHelpGroup(TyperGroup):
     """The `vitmask` group: every command's help (and the group's own) as paragraphs (`as_paragraphs`),
     the commands listed in the order they are defined (TyperGroup's), each importing the library first
-    (`_library_first`)."""
+    (`_library_first`) but those of WITHOUT_LIBRARY."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.help = as_paragraphs(self.help)
-        for command in self.commands.values():
+        for name, command in self.commands.items():
             command.help = as_paragraphs(command.help)
-            command.callback = _library_first(command.callback)
+            if name not in WITHOUT_LIBRARY:
+                command.callback = _library_first(command.callback)
 
 
 app = typer.Typer(
@@ -666,6 +670,17 @@ def _run_app(args: list[str]):
         raise
 
 
+def _say(line: str) -> None:
+    """One line on stderr. A stderr that cannot take it (a full disk, its reader gone) is pointed at
+    /dev/null instead, so the exit code still says what happened (2, 130, ...) rather than 1 from a
+    failed print, and the interpreter's last flush at exit fails quietly."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stderr.fileno())
+
+
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else list(argv)
     for stream in (sys.stdout, sys.stderr):  # a path with undecodable bytes must not crash a print
@@ -682,20 +697,20 @@ def main(argv: list[str] | None = None) -> None:
     except UsageError as e:
         cmd = e.ctx.command_path if e.ctx is not None else "vitmask"
         message = e.format_message().strip() or "bad usage"
-        print(f"{cmd}: error: {' '.join(message.split())} (see '{cmd} --help')", file=sys.stderr)
+        _say(f"{cmd}: error: {' '.join(message.split())} (see '{cmd} --help')")
         sys.exit(2)
     except CannotStart as e:
-        print(f"vitmask: cannot start: {e}", file=sys.stderr)
+        _say(f"vitmask: cannot start: {e}")
         sys.exit(2)
     except UserError as e:
-        print(f"vitmask: error: {' '.join(str(e).split())}", file=sys.stderr)
+        _say(f"vitmask: error: {' '.join(str(e).split())}")
         sys.exit(2)
     except Interrupted as e:  # SIGINT / SIGTERM during training, after its checkpoint was written
-        print(f"vitmask: {e}", file=sys.stderr)
+        _say(f"vitmask: {e}")
         sys.exit(e.code)
     except (Stopped, KeyboardInterrupt) as e:  # a signal outside the training loop
         stop = e if isinstance(e, Stopped) else Stopped(signal.SIGINT)
-        print(f"vitmask: stopped by {stop.name} before it finished; no partial output was left", file=sys.stderr)
+        _say(f"vitmask: stopped by {stop.name} before it finished; no partial output was left")
         sys.exit(stop.code)
     except BrokenPipeError:  # stdout closed by the reader: nothing more to say to it
         outputs.mute_stdout()
@@ -705,11 +720,11 @@ def main(argv: list[str] | None = None) -> None:
 
         if not is_out_of_memory(e):
             raise
-        print(f"vitmask: error: {out_of_memory(e, None, ' '.join(args[:1]) or 'vitmask')}", file=sys.stderr)
+        _say(f"vitmask: error: {out_of_memory(e, None, ' '.join(args[:1]) or 'vitmask')}")
         sys.exit(2)
     except OSError as e:  # the file system refused a path no check above foresaw (too long, a loop, I/O error)
         what = f"{e.filename}: " if e.filename else ""
-        print(f"vitmask: error: {what}{reason(e)}; check the path and the file system", file=sys.stderr)
+        _say(f"vitmask: error: {what}{reason(e)}; check the path and the file system")
         sys.exit(2)
     sys.exit(rv if isinstance(rv, int) else 0)
 
@@ -763,5 +778,5 @@ def demo(
     try:
         serve(checkpoint, classifier, host, port, device, weights)
     except Stopped as e:
-        print(f"vitmask demo: stopped by {e.name}", file=sys.stderr)
+        _say(f"vitmask demo: stopped by {e.name}")
         raise SystemExit(e.code) from None

@@ -277,6 +277,9 @@ def evaluate_checkpoint(
     EMA's when it has them). A fine-tuned classifier gets `evaluate_classifier`'s report instead
     (`confusion`: its PNG)."""
     _check_split(split)
+    if nll_order is not None and not nll:
+        raise UserError("--nll-order picks the order of --nll's exact NLLs; add --nll, or leave --nll-order out")
+    check_exact_args(nll_orders, nll_order, nll_exact_images)  # a bad value is refused with --nll or without
     ratios = [ratios] if isinstance(ratios, (int, float)) else list(ratios or [])
     if classifiers.is_classifier(path):
         masked_only = {
@@ -305,7 +308,6 @@ def evaluate_checkpoint(
     data = cfg.data
     if nll:
         check_nll_args(data.num_patches, data.num_classes, nll_strata, nll_samples)
-        check_exact_args(nll_orders, nll_order, nll_exact_images)
     box = centre_box_mask(data.grid)
     if centre_box and not box.any():
         raise UserError(f"--centre-box needs at least 2x2 patches; this model's grid is {data.grid}x{data.grid}")

@@ -57,6 +57,7 @@ from vitmask.data.jsonfile import read_json
 from vitmask.data.patches import patches_to_classes, patchify
 from vitmask.data.preprocess import FITS, binarize_images, to_gray_uint8
 from vitmask.errors import UserError
+from vitmask.pretrained import resolve_model_path
 
 MAX_IMAGE_SIZE = 8192  # pixels a side: a 67M-pixel image, under Pillow's limit on opening one (89M)
 MAX_PATCH_SIZE = 4  # data.patch_size's limit: 2^16 token classes
@@ -224,10 +225,11 @@ class ImageProcessor:
 
     @classmethod
     def from_pretrained(cls, path: str | Path) -> "ImageProcessor":
-        """The processor of an export dir (`vitmask export`), from its config.json. For a .pt checkpoint:
+        """The processor of an export dir (`vitmask export`) or a shipped model's name (`resolve_model_path`:
+        a path wins), from its config.json. For a .pt checkpoint:
         `ImageProcessor.from_config(vitmask.store.checkpoint.checkpoint_config(path))`, or the
         `.processor` of `vitmask.load_classifier(path)` / `vitmask.load_masked_model(path)`."""
-        file = check_path(path, "ImageProcessor.from_pretrained's path") / "config.json"
+        file = resolve_model_path(check_path(path, "ImageProcessor.from_pretrained's path")) / "config.json"
         if not file.is_file():
             raise UserError(
                 f"{path} is not an export dir (no config.json); pass a folder written by vitmask export, or build "

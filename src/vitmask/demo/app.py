@@ -35,7 +35,8 @@ from pathlib import Path
 import torch
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
-from starlette.requests import Request
+from starlette.middleware import Middleware
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -49,6 +50,9 @@ from vitmask.inference.classifier import check_top_k
 
 MAX_UPLOAD_BYTES = 8 << 20  # an uploaded image file
 MAX_UPLOAD_SIDE = 4096  # pixels a side of an uploaded image, checked before it is decoded
+# The formats an upload may be, by Pillow's names: each decoded in this process. Any other (EPS, which
+# Pillow hands to Ghostscript to run, among them) is refused from its header, before it is decoded.
+UPLOAD_FORMATS = ("PNG", "JPEG", "MPO", "BMP", "DIB", "GIF", "TIFF", "WEBP", "PPM", "TGA", "ICO")
 JSON_SLACK = 64 << 10  # a JSON request: its images (two of S*S characters) and this much more
 EXAMPLES_PAGE = 100  # test images one /api/examples answer holds at most
 SECURITY_HEADERS = {
@@ -94,9 +98,44 @@ class ServerStopping(Exception):
     """The server is shutting down: a computation under way stops at its next round."""
 
 
-def make_app(models: DemoModels, stopping: threading.Event | None = None) -> Starlette:
-    """The app serving `models`. Setting `stopping` ends the computations under way at their next round."""
-    return Starlette(routes=DemoEndpoints(models, stopping or threading.Event()).routes())
+def make_app(
+    models: DemoModels, stopping: threading.Event | None = None, hosts: frozenset[str] | None = None
+) -> Starlette:
+    """The app serving `models`. Setting `stopping` ends the computations under way at their next round.
+    `hosts`: the host names a request's Host header may give (`HostsOnly`); None: any."""
+    middleware = [] if hosts is None else [Middleware(HostsOnly, hosts=hosts)]
+    return Starlette(routes=DemoEndpoints(models, stopping or threading.Event()).routes(), middleware=middleware)
+
+
+class HostsOnly:
+    """ASGI middleware: a request whose Host header names none of `hosts` is refused (400, one line).
+    A server listening on this machine only takes the names of this machine alone, so a web page
+    elsewhere cannot reach it through a DNS name of its own pointed at 127.0.0.1 (DNS rebinding) and
+    read its answers. A request without a Host header (HTTP/1.0; no browser sends one) is served."""
+
+    def __init__(self, app, hosts: frozenset[str]):
+        self.app, self.hosts = app, hosts
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http":
+            host = host_name(dict(scope["headers"]).get(b"host"))
+            if host is not None and host not in self.hosts:
+                refusal = BadRequest(
+                    f"this demo server listens on this machine only and answers for {', '.join(sorted(self.hosts))}, "
+                    f"not the host '{host[:60]}'; open the address it printed, or start it with --host 0.0.0.0"
+                )
+                await failure(refusal)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def host_name(header: bytes | None) -> str | None:
+    """The host of a Host header, lower case, without its port or a final dot: `[::1]` for `[::1]:8000`."""
+    if header is None:
+        return None
+    text = header.decode("latin-1").strip()
+    name, _, port = text.rpartition(":") if text.rfind(":") > text.rfind("]") else (text, "", "")
+    return (name if is_decimal(port) else text).lower().rstrip(".")
 
 
 def page_file(name: str) -> bytes:
@@ -183,12 +222,17 @@ class DemoEndpoints:
             path = Path(tmp) / "upload"
             path.write_bytes(body)
             try:
-                check_upload_size(path)
+                check_upload(path)
                 gray = load_image_file(path)  # (h, w) uint8
+                h, w = gray.shape
+                if self.data.fit == "none" and (h, w) != (self.size, self.size):
+                    raise UserError(
+                        f"the upload is {w} pixels wide and {h} high, and this model reads {self.size}x{self.size} "
+                        f"images only (its data.fit is none); resize the image to {self.size}x{self.size} first"
+                    )
                 picture = binarize_images(gray.unsqueeze(0), self.data)[0]  # (S, S)
             except UserError as e:
                 raise UserError(str(e).replace(str(path), "the upload")) from None
-        h, w = gray.shape
         note = ""
         if (h, w) != (self.size, self.size):
             note = f"fitted {w}x{h} to {self.size}x{self.size} (data.fit {self.data.fit}), as vitmask inpaint reads it"
@@ -279,17 +323,26 @@ class DemoEndpoints:
 
 
 # ---- requests and answers -------------------------------------------------------------------------------
+class AsciiJSONResponse(JSONResponse):
+    """JSON in ASCII: every other character as a JSON escape, so text that is not UTF-8 (a path's
+    undecodable bytes, a lone surrogate sent in a request and named in its error) is still an answer."""
+
+    def render(self, content) -> bytes:
+        return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode("ascii")
+
+
 def answer(payload: dict) -> JSONResponse:
-    return JSONResponse(payload, headers={"Cache-Control": "no-store"})
+    return AsciiJSONResponse(payload, headers={"Cache-Control": "no-store"})
 
 
 def failure(e: Exception) -> JSONResponse:
     status = getattr(e, "status", 400)
-    return JSONResponse({"error": " ".join(str(e).split())}, status_code=status, headers={"Cache-Control": "no-store"})
+    message = " ".join(str(e).split())
+    return AsciiJSONResponse({"error": message}, status_code=status, headers={"Cache-Control": "no-store"})
 
 
 def stopping() -> JSONResponse:
-    return JSONResponse({"error": "the demo server is stopping; start it again to go on"}, status_code=503)
+    return AsciiJSONResponse({"error": "the demo server is stopping; start it again to go on"}, status_code=503)
 
 
 def size_text(n: int) -> str:
@@ -302,16 +355,19 @@ async def read_body(request: Request, limit: int, what: str) -> bytes:
     too_large = BadRequest(f"{what} may be at most {size_text(limit)}; send a smaller one", 413)
     declared = request.headers.get("content-length")
     if declared is not None:
-        if not declared.isdigit():
+        if not is_decimal(declared):
             raise BadRequest(f"the Content-Length header '{declared[:40]}' is not a byte count")
         if int(declared) > limit:
             raise too_large
     chunks, total = [], 0
-    async for chunk in request.stream():
-        total += len(chunk)
-        if total > limit:
-            raise too_large
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            total += len(chunk)
+            if total > limit:
+                raise too_large
+            chunks.append(chunk)
+    except ClientDisconnect:  # the client went away, or its chunked body broke off: no one reads the answer
+        raise BadRequest(f"{what} ended before its body did; send it again") from None
     return b"".join(chunks)
 
 
@@ -373,18 +429,24 @@ def bits(image: torch.Tensor) -> str:
     return (image.flatten().to(torch.uint8).cpu() + ord("0")).numpy().tobytes().decode("ascii")
 
 
+def is_decimal(text: str) -> bool:
+    """Digits 0-9 only: str.isdigit alone takes '²' and other digits int() refuses."""
+    return text.isascii() and text.isdigit()
+
+
 def query_int(request: Request, name: str, default: int, lo: int, hi: int | None = None) -> int:
     text = request.query_params.get(name)
     if text is None:
         return default
-    if not text.isdigit() or len(text) > 9 or int(text) < lo or (hi is not None and int(text) > hi):
+    if not is_decimal(text) or len(text) > 9 or int(text) < lo or (hi is not None and int(text) > hi):
         top = f" to {hi}" if hi is not None else " or more"
         raise BadRequest(f"?{name}= must be an integer {lo}{top}, got '{text[:40]}'")
     return int(text)
 
 
-def check_upload_size(path: Path) -> None:
-    """Refuse an image over MAX_UPLOAD_SIDE pixels a side from its header, before any pixel is decoded."""
+def check_upload(path: Path) -> None:
+    """Refuse an image of a format outside UPLOAD_FORMATS, or over MAX_UPLOAD_SIDE pixels a side, from its
+    header, before any pixel is decoded."""
     from PIL import Image
 
     try:
@@ -392,8 +454,14 @@ def check_upload_size(path: Path) -> None:
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # the size is checked just below
             with Image.open(path) as im:
                 w, h = im.size
+                kind = im.format
     except Exception:  # not an image, or a broken one: load_image_file says so in its own words
         return
+    if kind not in UPLOAD_FORMATS:
+        raise UserError(
+            f"the upload is a {kind} file, which the demo does not read; convert it to PNG (or JPEG, BMP, GIF, TIFF, "
+            "WebP) first"
+        )
     if max(w, h) > MAX_UPLOAD_SIDE:
         raise UserError(
             f"the upload is {w}x{h} pixels; the demo reads images up to {MAX_UPLOAD_SIDE} pixels a side; "

@@ -4,7 +4,9 @@ The models are opened by the loaders the verbs use: the masked-patch model by `v
 `vitmask inpaint` and `vitmask sample` open `--checkpoint`), the classifier by
 `store.classifier.load_classifier_model` into an `ImageClassifier` (as `vitmask predict` does). So a
 name or path given here means what it means to those verbs. Left out, the demo serves the shipped
-models `mnist` and `mnist-classifier`; `--checkpoint` alone serves that model without a classifier.
+models `mnist` and `mnist-classifier`, read from their folders in the package (a folder `mnist` in the
+working directory is no model the user named); `--checkpoint` alone serves that model without a
+classifier.
 
 The test images the page offers: a model folder (an export dir) holding `examples.npz` gives its
 array `images` ((n, S, S) uint8 0/1, the shipped models' test split); otherwise the test split of the
@@ -29,7 +31,7 @@ from vitmask.errors import UserError
 from vitmask.inference.classifier import ImageClassifier
 from vitmask.model.memory_estimate import check_fits
 from vitmask.outputs import reason
-from vitmask.pretrained import EXAMPLES_FILE, resolve_model_path
+from vitmask.pretrained import EXAMPLES_FILE, SHIPPED, resolve_model_path
 from vitmask.store.classifier import load_classifier_model
 
 DEFAULT_MODEL = "mnist"  # the shipped masked-patch model
@@ -54,9 +56,11 @@ def open_models(
     checkpoint: Path | None, classifier: Path | None, device_name: str = "auto", weights: str | None = None
 ) -> DemoModels:
     """Open the models `vitmask demo --checkpoint --classifier` serves (see the module docstring)."""
-    if checkpoint is None:
-        checkpoint = Path(DEFAULT_MODEL)
-        classifier = Path(DEFAULT_CLASSIFIER) if classifier is None else classifier
+    name, classifier_name = str(checkpoint), None if classifier is None else str(classifier)
+    if checkpoint is None:  # the shipped models' own folders, whatever the working directory holds of their names
+        checkpoint, name = SHIPPED[DEFAULT_MODEL].folder, DEFAULT_MODEL
+        if classifier is None:
+            classifier, classifier_name = SHIPPED[DEFAULT_CLASSIFIER].folder, DEFAULT_CLASSIFIER
     model, cfg, device = open_model(Path(checkpoint), device_name, 0, weights, loads_data=False)
     loaded = None
     if classifier is not None:
@@ -64,16 +68,16 @@ def open_models(
         theirs, ours = loaded.processor.image_size, cfg.data.image_size
         if theirs != ours:
             raise UserError(
-                f"--classifier {classifier} classifies {theirs}x{theirs} images, and --checkpoint {checkpoint} "
+                f"--classifier {classifier_name} classifies {theirs}x{theirs} images, and --checkpoint {name} "
                 f"makes {ours}x{ours} ones; pass a classifier fine-tuned on images of the model's size, or none"
             )
     return DemoModels(
         model,
         cfg,
-        str(checkpoint),
+        name,
         device,
         loaded,
-        None if classifier is None else str(classifier),
+        classifier_name,
         Examples(resolve_model_path(Path(checkpoint)), cfg),  # a shipped name: its package folder
     )
 

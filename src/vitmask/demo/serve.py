@@ -2,19 +2,25 @@
 
 The socket is bound before the models are opened, so a port in use (or a host that is not this
 machine's) is one line at once. The address to open is printed as soon as the server listens.
-Uvicorn runs the app on that socket with its access log off: the output holds the address, the
-user's stop, and nothing per request. SIGINT (Ctrl-C) or SIGTERM sets uvicorn's exit and ends any
-computation under way at its next round (app.ServerStopping); once uvicorn has shut down it raises
-the signal again, which the CLI's handler turns into `errors.Stopped`: exit 130 or 143, as every
-other verb.
+Uvicorn runs the app on that socket with its access log off and its own log at errors only (a
+refused connection or a malformed request says nothing): the output holds the address, the user's
+stop, and nothing per request. Listening on a loopback address (127.0.0.1, ::1, localhost), the app
+answers requests for this machine's own names only (`local_hosts`, app.HostsOnly).
+
+SIGINT (Ctrl-C) or SIGTERM sets uvicorn's exit and ends any computation under way at its next round
+(app.ServerStopping); once uvicorn has shut down it raises the signal again, which the CLI's handler
+turns into `errors.Stopped`: exit 130 or 143, as every other verb.
 """
 
+import asyncio
+import contextlib
 import errno
 import ipaddress
 import socket
 import threading
 from pathlib import Path
 
+import h11
 import uvicorn
 
 from vitmask.demo.app import make_app
@@ -35,6 +41,55 @@ class DemoServer(uvicorn.Server):
     def handle_exit(self, sig, frame) -> None:
         self.stopping.set()
         super().handle_exit(sig, frame)
+
+    def serve(self, sockets=None):
+        """Uvicorn's `serve` coroutine, kept so that `run` can close it."""
+        self.serving = super().serve(sockets=sockets)
+        return self.serving
+
+    def run(self, sockets=None) -> None:
+        self.serving = None
+        try:
+            super().run(sockets=sockets)
+        finally:
+            if self.serving is not None:  # a signal before the loop started it: closed, so no warning that it never ran
+                self.serving.close()
+
+
+class AnswerAtMostOnce:
+    """The app as uvicorn runs it. Uvicorn answers a request it finds malformed on its own (400: a
+    broken chunked body) and closes the connection, while the app may still be answering it; that
+    answer is dropped here, where h11 would refuse it with a traceback in the output, and the app's
+    call ends once the connection is closed, so uvicorn does not log it as an answer left unfinished."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        answered = False
+
+        async def send_unless_answered(message) -> None:
+            nonlocal answered
+            if answered:
+                return
+            try:
+                await send(message)
+            except h11.LocalProtocolError:  # the connection has had uvicorn's answer and is closing
+                answered = True
+
+        await self.app(scope, receive, send_unless_answered)
+        if answered:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(disconnected(receive), GRACE_SECONDS)
+
+
+async def disconnected(receive) -> None:
+    """Return once the client's connection is closed (the rest of its body read and dropped)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -76,6 +131,20 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+def local_hosts(sock: socket.socket, host: str) -> frozenset[str] | None:
+    """The names a request's Host header may give a server listening on `sock` (--host `host`): for a
+    loopback address, this machine's names for itself (localhost, 127.0.0.1, [::1], the address and
+    --host as given); None (any name) for an address other machines reach, whose names it cannot know."""
+    address = sock.getsockname()[0].split("%")[0]
+    ip = ipaddress.ip_address(address)
+    mapped = getattr(ip, "ipv4_mapped", None)  # ::ffff:127.0.0.1
+    if not (mapped or ip).is_loopback:
+        return None
+    given = host.lower().rstrip(".")
+    names = {"localhost", "127.0.0.1", "[::1]", address if ip.version == 4 else f"[{address}]"}
+    return frozenset(names | {f"[{given}]" if ":" in given else given})
+
+
 def page_url(sock: socket.socket) -> str:
     """The address to open: the socket's own; a wildcard host (0.0.0.0, ::) read as this machine, 127.0.0.1."""
     host, port = sock.getsockname()[:2]
@@ -99,8 +168,8 @@ def serve(
         models = open_models(checkpoint, classifier, device_name, weights)
         stopping = threading.Event()
         config = uvicorn.Config(
-            make_app(models, stopping),
-            log_level="warning",
+            AnswerAtMostOnce(make_app(models, stopping, local_hosts(sock, host))),
+            log_level="error",
             access_log=False,
             lifespan="off",
             timeout_graceful_shutdown=GRACE_SECONDS,

@@ -21,6 +21,7 @@ to say what is wrong. This module imports the standard library and errors only.
 """
 
 import json
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +34,7 @@ METADATA_FILE = "shipped.json"  # the build's record, beside the export's files
 EXAMPLES_FILE = "examples.npz"
 MASKED, CLASSIFIER = "masked-patch", "classifier"  # shipped.json's `task`
 
+REINSTALL = "reinstall vitmask, or build the models with make pretrained"  # the fix for a damaged shipped model
 MNIST_PATH = "data/mnist/MNIST/raw/t10k-images-idx3-ubyte"  # where the README's tour has MNIST's test set
 MNIST_DOWNLOAD = "python -c \"from torchvision.datasets import MNIST; MNIST('data/mnist', download=True)\""
 
@@ -58,11 +60,10 @@ class ShippedModel:
             meta = json.loads(file.read_text())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
             raise UserError(
-                f"the shipped model {self.name} has no readable {METADATA_FILE} ({e.__class__.__name__}); "
-                "reinstall vitmask, or build the models with make pretrained"
+                f"the shipped model {self.name} has no readable {METADATA_FILE} ({e.__class__.__name__}); {REINSTALL}"
             ) from None
         if not isinstance(meta, dict):
-            raise UserError(f"the shipped model {self.name}: {METADATA_FILE} is not a JSON object; reinstall vitmask")
+            raise UserError(f"the shipped model {self.name}: {METADATA_FILE} is not a JSON object; {REINSTALL}")
         return meta
 
     def size_bytes(self) -> int:
@@ -132,6 +133,9 @@ def resolve_model_path(path: str | Path) -> Path:
     Calling it again on what it returned gives the same path."""
     found = locate(path)
     if found is not None:
+        model = SHIPPED.get(str(path))
+        if model is not None and found == model.folder and not found.is_dir():
+            raise UserError(f"the shipped model {model.name} is missing from this installation ({found}); {REINSTALL}")
         return found
     if is_bare_name(str(path)):
         raise unknown_name(str(path))
@@ -180,21 +184,34 @@ def listing() -> list[dict[str, Any]]:
     for model in SHIPPED.values():
         meta = model.metadata()
         metrics = meta.get("metrics") if isinstance(meta.get("metrics"), dict) else {}
+        summary = meta["data"].get("summary") if isinstance(meta.get("data"), dict) else None
+        images = metrics.get("images")
         rows.append(
             {
                 "name": model.name,
                 "task": model.task,
                 "recipe": model.recipe,
                 "what": model.what,
-                "data": (meta.get("data") or {}).get("summary", "") if isinstance(meta.get("data"), dict) else "",
+                "data": summary if isinstance(summary, str) else "",
                 "bytes": model.size_bytes(),
-                "test_images": metrics.get("images"),
-                "metrics": {k: metrics[k] for k in METRICS if isinstance(metrics.get(k), (int, float))},
-                "quick": bool(meta.get("quick")),
+                "test_images": images if type(images) is int and images > 0 else None,
+                "metrics": {k: metrics[k] for k in METRICS if is_figure(metrics.get(k))},
+                "quick": meta.get("quick") is True,
                 "folder": str(model.folder),
             }
         )
     return rows
+
+
+def is_figure(value: Any) -> bool:
+    """A finite int or float (not a bool): what the listing shows, and what strict JSON can hold.
+    Anything else in a shipped.json someone changed is left out, as a figure never recorded."""
+    if type(value) not in (int, float):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an integer past the largest float
+        return False
 
 
 def format_metrics(metrics: dict[str, float]) -> str:

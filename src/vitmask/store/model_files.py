@@ -35,7 +35,7 @@ import torch
 
 from vitmask.config import INT_RANGE, MAX_CONFIG_BYTES, MAX_YAML_DEPTH, Config, config_from_dict
 from vitmask.errors import UserError
-from vitmask.pretrained import resolve_model_path
+from vitmask.pretrained import REINSTALL, resolve_model_path, shipped_at
 from vitmask.store import checkpoint
 
 FORMAT = "vitmask-export/1"
@@ -86,6 +86,11 @@ def is_export_dir(path: str | Path) -> bool:
 
 
 def bad_export(path: Path, what: str, task: str = MASKED) -> UserError:
+    """One line for an export dir's fault; for a shipped model's folder (its files in the installed package
+    changed), that it is damaged and the package is to be reinstalled: exporting again is no user's fix."""
+    shipped = shipped_at(path)
+    if shipped is not None:
+        return UserError(f"the shipped model {shipped.name} is damaged ({path}: {what}); {REINSTALL}")
     return UserError(f"export dir {path}: {what}; {EXPORT_AGAIN[task]}")
 
 
