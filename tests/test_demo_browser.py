@@ -5,8 +5,9 @@ a stroke with the mouse, classifies it, masks a box, fills it step by step, read
 the page's canvas, saves the page's image, mask and result, and runs the command the page shows on the
 saved files: the CLI's output is the page's, pixel for pixel (and its top-k the page's bars). Then it
 samples, picks a test image and uploads a file that is not an image. It also checks the page asks
-nothing of any server but its own. The screenshot goes to docs/demo.png when VITMASK_WRITE_DOCS_IMAGES=1
-asks for it, else to a temporary folder.
+nothing of any server but its own. A second test serves the shipped models as the README opens the demo:
+a test digit, its centre filled and classified, the CLI's numbers again; its screenshot goes to
+docs/demo.png when VITMASK_WRITE_DOCS_IMAGES=1 asks for it, else to a temporary folder.
 
 Without Playwright or Chromium the test skips, saying which is missing, except under VITMASK_CI=1 (CI),
 where it fails.
@@ -94,6 +95,11 @@ def server(models):
 
 @pytest.fixture
 def page(server):
+    yield from open_page(server)
+
+
+def open_page(server: str):
+    """A fresh headless Chromium on the demo at `server`, ready (its script loaded, the models named)."""
     from playwright.sync_api import sync_playwright
 
     with tempfile.TemporaryDirectory(prefix="vitmask-chromium-") as profile, sync_playwright() as p:
@@ -117,22 +123,22 @@ def page(server):
 
 
 # ---- driving the page ---------------------------------------------------------------------------------------
-def at(page, canvas: str, x: int, y: int) -> tuple[float, float]:
-    """The screen point at the centre of pixel (x, y) of a canvas drawn S x S."""
+def at(page, canvas: str, x: int, y: int, size: int = SIZE) -> tuple[float, float]:
+    """The screen point at the centre of pixel (x, y) of a canvas drawn size x size."""
     box = page.locator(canvas).bounding_box()
-    return box["x"] + (x + 0.5) * box["width"] / SIZE, box["y"] + (y + 0.5) * box["height"] / SIZE
+    return box["x"] + (x + 0.5) * box["width"] / size, box["y"] + (y + 0.5) * box["height"] / size
 
 
-def drag(page, tool: str, points: list[tuple[int, int]]) -> None:
+def drag(page, tool: str, points: list[tuple[int, int]], size: int = SIZE) -> None:
     page.check(f"input[name=tool][value={tool}]")
-    page.mouse.move(*at(page, "#image-canvas", *points[0]))
+    page.mouse.move(*at(page, "#image-canvas", *points[0], size))
     page.mouse.down()
     for p in points[1:]:
-        page.mouse.move(*at(page, "#image-canvas", *p), steps=4)
+        page.mouse.move(*at(page, "#image-canvas", *p, size), steps=4)
     page.mouse.up()
 
 
-def shown_pixels(page, canvas: str) -> np.ndarray:
+def shown_pixels(page, canvas: str, size: int = SIZE) -> np.ndarray:
     """What a canvas shows, read back from it: (S, S), 1 where the centre of a pixel's cell is white."""
     values = page.evaluate(
         """([id, S]) => {
@@ -143,9 +149,9 @@ def shown_pixels(page, canvas: str) -> np.ndarray:
             }
             return out;
         }""",
-        [canvas, SIZE],
+        [canvas, size],
     )
-    return np.array(values, dtype=np.uint8).reshape(SIZE, SIZE)
+    return np.array(values, dtype=np.uint8).reshape(size, size)
 
 
 def save(page, button: str, path: Path) -> Path:
@@ -211,8 +217,6 @@ def test_a_person_draws_masks_fills_samples_and_classifies_and_the_numbers_are_t
     page.select_option("#fill-order", "random")
     page.click("#fill")
     wait_for_last_round(page, 4)
-    shot = (ROOT / "docs" if os.environ.get("VITMASK_WRITE_DOCS_IMAGES") == "1" else tmp_path) / "demo.png"
-    page.screenshot(path=str(shot), full_page=True)
     page.uncheck("#heat")
     shown = shown_pixels(page, "#result-canvas")
     saved = binary(save(page, "#save-result", tmp_path / "page-filled.png"))
@@ -253,6 +257,69 @@ def test_a_person_draws_masks_fills_samples_and_classifies_and_the_numbers_are_t
         assert shlex.split(page.evaluate("(name) => shellWord(name)", name)) == [name]
 
     assert page.errors == [] and page.elsewhere == []
+
+
+@pytest.fixture(scope="module")
+def shipped_server(browser_ready, tmp_path_factory):
+    """`vitmask demo` with no model flags, in an empty folder: the shipped mnist and mnist-classifier."""
+    proc, _, url = start_demo("--port", 0, "--device", "cpu", cwd=tmp_path_factory.mktemp("empty"))
+    yield url
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=60)
+    assert proc.returncode == 130
+
+
+def test_the_shipped_models_fill_and_classify_a_test_digit_as_the_cli_does(
+    shipped_server, run_cli_in_process, tmp_path
+):
+    """The page as the README opens it: pick the first test digit of the shipped mnist, hide its centre, fill it
+    round by round, classify the filled digit. The fill is vitmask inpaint's on the saved files, the bars vitmask
+    predict's; the screenshot of this page is docs/demo.png (written there when VITMASK_WRITE_DOCS_IMAGES=1)."""
+    run_cli, size = run_cli_in_process, 28
+    page = next(pages := open_page(shipped_server))
+    try:
+        page.click("#examples button >> nth=0")
+        image = binary(save(page, "#save-image", tmp_path / "image.png"))
+        assert image.shape == (size, size) and image.any()
+        drag(page, "box", [(8, 8), (19, 19)], size)  # the centre 12x12 pixels: the middle 6x6 patches
+        mask = binary(save(page, "#save-mask", tmp_path / "mask.png"))
+        want = np.zeros((size, size), np.uint8)
+        want[8:20, 8:20] = 1
+        assert (mask == want).all()
+        page.check("#fill-iterative")
+        page.fill("#fill-steps", "8")
+        page.click("#fill")
+        wait_for_last_round(page, 8)
+        page.click("#use-result")  # classify the filled digit
+        page.fill("#top-k", "3")
+        page.click("#classify")
+        page.wait_for_selector("#top li")
+        shot = (ROOT / "docs" if os.environ.get("VITMASK_WRITE_DOCS_IMAGES") == "1" else tmp_path) / "demo.png"
+        page.screenshot(path=str(shot), full_page=True)
+        files = {
+            "image.png": tmp_path / "image.png",
+            "mask.png": tmp_path / "mask.png",
+            "filled.png": tmp_path / "cli.png",
+        }
+        run_shown_command(run_cli, page, "#command", files)
+        page.uncheck("#heat")
+        assert (shown_pixels(page, "#result-canvas", size) == binary(tmp_path / "cli.png")).all()
+        filled = binary(save(page, "#save-image", tmp_path / "filled-image.png"))  # the result, now the image
+        assert (filled == binary(tmp_path / "cli.png")).all()
+        bars = page.eval_on_selector_all(
+            "#top li", "els => els.map(e => [e.dataset.name, Number(e.dataset.probability)])"
+        )
+        run_shown_command(
+            run_cli,
+            page,
+            "#classify-command",
+            {"image.png": tmp_path / "filled-image.png", "top.json": tmp_path / "top.json"},
+        )
+        record = json.loads((tmp_path / "top.json").read_text())[0]
+        assert [b[0] for b in bars] == record["classes"] and [b[1] for b in bars] == record["probabilities"]
+        assert len(bars) == 3 and page.errors == [] and page.elsewhere == []
+    finally:
+        pages.close()
 
 
 def test_without_chromium_the_test_skips_saying_so_and_fails_under_ci(monkeypatch, tmp_path):
