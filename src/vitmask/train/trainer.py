@@ -79,15 +79,15 @@ def static_step(cfg: Config, device: torch.device) -> bool:
     (`mask_weighted_loss`), so one compiled graph serves every M and CUDA graphs can replay it.
     masked: the last block computes only the M masked tokens the loss reads (fewer FLOPs; under a
     ratio schedule and train.compile, M is a dynamic size of the graph). auto: static where it pays,
-    a compiled CUDA step under a ratio schedule without a decoder; masked elsewhere (on a CPU the
-    masked-only last block is the faster step; with a decoder the encoder's token count is N - M).
+    under a ratio schedule without a decoder, compiled on any device or eager on a CPU (where the
+    gathers of the masked-only last block cost more than its FLOPs save: docs/benchmarks.md); masked
+    elsewhere (a fixed ratio keeps M fixed; with a decoder the encoder's token count is N - M).
     """
     train = cfg.train
     if train.step_shapes != "auto":
         return train.step_shapes == "static"
-    return (
-        train.compile and device.type == "cuda" and cfg.mask.ratio_schedule != "fixed" and cfg.model.decoder == "none"
-    )
+    ratio_schedule = cfg.mask.ratio_schedule != "fixed" and cfg.model.decoder == "none"
+    return ratio_schedule and (train.compile or device.type == "cpu")
 
 
 class Trainer:
