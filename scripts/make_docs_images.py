@@ -1,6 +1,6 @@
 """Every published MNIST figure, table and picture, from one checkpoint, by one command.
 
-    python scripts/make_docs_images.py                       # trains configs/mnist.yaml first (15-20 min)
+    python scripts/make_docs_images.py                       # trains configs/mnist.yaml first (about 9 min)
     python scripts/make_docs_images.py --checkpoint CKPT     # or scores a checkpoint already trained
 
 Without --checkpoint it trains configs/mnist.yaml on the split of the published figures (MNIST's
@@ -158,6 +158,21 @@ def vitmask(*args: str) -> str:
     return res.stdout
 
 
+def public_args(args: list[str]) -> list[str]:
+    """The command line as the docs print it: this machine's paths become DIR and CKPT."""
+    names = {"--data": "DIR", "--checkpoint": "CKPT"}
+    out = []
+    for i, arg in enumerate(args):
+        flag, eq, _ = arg.partition("=")
+        if eq and flag in names:
+            out.append(f"{flag} {names[flag]}")
+        elif i and args[i - 1] in names:
+            out.append(names[args[i - 1]])
+        else:
+            out.append(arg)
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--checkpoint", type=Path, help="score this checkpoint instead of training one")
@@ -274,10 +289,17 @@ def main(argv: list[str] | None = None) -> None:
     )
     where = machine(device)
     weights = "EMA weights" if has_ema else "weights"
-    cmd = " ".join(["python scripts/make_docs_images.py", *sys.argv[1:]]) if argv is None else "make_docs_images.main"
+    cmd = "make_docs_images.main"
+    if argv is None:
+        cmd = " ".join(["python scripts/make_docs_images.py", *public_args(sys.argv[1:])])
+    legend = "DIR: a folder with MNIST's test-set idx files" + (
+        "; CKPT: a `runs/mnist/last.pt` of configs/mnist.yaml on them" if a.checkpoint else ""
+    )
+    legend = f" ({legend})" if argv is None else ""
     measured = (
-        f"on {where}, by `{cmd}`: the {weights} of `{checkpoint}` (data source `{d.source}`, "
-        f"{d.image_size}x{d.image_size} images), scored on its {report['images']:,} {a.split} images."
+        f"on {where}, by `{cmd}`{legend}: the {weights} of `{'CKPT' if a.checkpoint else checkpoint}` "
+        f"(data source `{d.source}`, {d.image_size}x{d.image_size} images), scored on its {report['images']:,} "
+        f"{a.split} images."
     )
     caption = f"Measured {date} {measured}"
     text = (

@@ -84,10 +84,20 @@ def test_sigterm_ends_it_with_143_and_host_0000_listens_on_every_address(models)
 
 
 def exchange(port: int, request: bytes, hang_up: bool = False) -> bytes:
-    """Send `request` as it is to 127.0.0.1:port; the first bytes of the answer (none when `hang_up`)."""
+    """Send `request` as it is to 127.0.0.1:port; the answer's head and as much of its body as its
+    Content-Length says (none when `hang_up`): a loaded machine may send the two in separate packets."""
     with socket.create_connection(("127.0.0.1", port), timeout=30) as conn:
         conn.sendall(request)
-        return b"" if hang_up else conn.recv(4096)
+        if hang_up:
+            return b""
+        answer = b""
+        while chunk := conn.recv(4096):
+            answer += chunk
+            head, sep, body = answer.partition(b"\r\n\r\n")
+            length = re.search(rb"(?im)^content-length:\s*(\d+)", head) if sep else None
+            if sep and (length is None or len(body) >= int(length.group(1))):
+                break
+        return answer
 
 
 def test_bad_requests_get_their_answers_and_leave_the_servers_output_as_it_was(models):

@@ -81,9 +81,9 @@ def test_make_docs_images_on_a_checkpoint_writes_the_headline_tables_and_picture
     docs.mkdir()
     start, end = script.HEADLINE_START, script.HEADLINE_END
     readme = tmp_path / "README.md"
-    readme.write_text(f"# vitmask\n\nintro\n\n{start}\nold\n{end}\n\nafter\n")
+    readme.write_text(f"# vitmask\n\nintro\n\n{start}\nSTALE\n{end}\n\nafter\n")
     results = docs / "results.md"
-    results.write_text(f"# Results\n\nhand-written\n\n{start}\nold\n{end}\n\nablations\n\n{script.MARKER}\n\nold\n")
+    results.write_text(f"# Results\n\nhand-written\n\n{start}\nSTALE\n{end}\n\nablations\n\n{script.MARKER}\n\nSTALE\n")
     script.main(
         ["--checkpoint", str(checkpoint), "--skip-finetune", "--out-dir", str(docs), "--readme", str(readme),
          "--n", "4", "--images", "16", "--samples", "4", "--sample-steps", "8", "--nll-strata", "2"]
@@ -101,7 +101,7 @@ def test_make_docs_images_on_a_checkpoint_writes_the_headline_tables_and_picture
     assert (
         page.startswith(f"# Results\n\nhand-written\n\n{start}\n") and f"{end}\n\nablations\n\n{script.MARKER}" in page
     )
-    assert "| configs/mnist.yaml, raw weights |" in page and "old" not in page
+    assert "| configs/mnist.yaml, raw weights |" in page and "STALE" not in page
     nll_printed = re.search(r"model \(upper bound\)\s+([\d.]+)", page).group(1)
     assert f"**{nll_printed}**" in rows[0]
     for picture in ("reconstruct.png", "samples.png", "inpaint.png", "inpaint_input.png", "inpaint_filled.png"):

@@ -136,15 +136,14 @@ def test_the_counter_sees_a_recompile_when_a_size_changes():
     torch._dynamo.reset()
 
 
-def test_auto_step_shapes_are_static_under_a_ratio_schedule_compiled_or_on_a_cpu():
+def test_auto_step_shapes_are_static_for_a_compiled_step_under_a_ratio_schedule():
     def cfg(*sets):
         return config_from_dict(TINY, ["mask.ratio_schedule=uniform", "train.compile=true", *sets])
 
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     assert static_step(cfg(), cuda) and static_step(cfg(), cpu)
-    assert static_step(cfg("train.compile=false"), cpu)  # eager on a CPU: the gathers cost more than they save
-    assert not static_step(cfg("train.compile=false"), cuda)  # eager on CUDA: the masked last block's fewer FLOPs
     for device in (cuda, cpu):
+        assert not static_step(cfg("train.compile=false"), device)  # eager: the masked last block's fewer FLOPs
         assert not static_step(cfg("mask.ratio_schedule=fixed"), device)  # M never changes: masked is static too
         assert not static_step(cfg("model.decoder=cross", "mask.fill=learned"), device)
     assert static_step(cfg("train.step_shapes=static"), cpu)

@@ -499,7 +499,7 @@ class TrainConfig:
     step_shapes: StepShapes = "auto"
     """The training step's shapes: static (every token to the head, the loss weighted by the mask:
     one compiled graph for every masked count), masked (the last block computes only the masked
-    tokens) or auto (static for a compiled CUDA step under a ratio schedule without a decoder, masked
+    tokens) or auto (static for a compiled step under a ratio schedule without a decoder, masked
     elsewhere). static needs `model.decoder: none`."""
     deterministic: bool = False
     """Ask torch for deterministic algorithms (slower; exact resume on a CPU)."""
