@@ -462,6 +462,18 @@ def test_top_k_as_a_numpy_integer_is_its_value(finetuned):
         classifier.predict(gray_images(2), top_k=np.int64(0))
 
 
+def test_top_k_of_probabilities_checks_k_and_their_shape_as_predict_does(finetuned):
+    classifier = vitmask.load_classifier(finetuned)
+    probabilities = classifier.probabilities(gray_images(2))  # (2, 4)
+    assert classifier.top_k(probabilities, 4).classes.shape == (2, 4)
+    with pytest.raises(UserError, match="top_k 5 is out of range: the classifier has 4 classes"):
+        classifier.top_k(probabilities, 5)
+    with pytest.raises(UserError, match=r"probabilities of shape \(2, 3\) are not a tensor of shape \(images, 4\)"):
+        classifier.top_k(probabilities[:, :3], 1)
+    with pytest.raises(UserError, match=r"probabilities of type ndarray are not a tensor"):
+        classifier.top_k(probabilities.numpy(), 1)
+
+
 # ---- A: processed images and masks ---------------------------------------------------------------------
 def test_processed_images_of_another_size_or_kind_are_refused_naming_the_size(finetuned, pretrained):
     classifier = vitmask.load_classifier(finetuned)

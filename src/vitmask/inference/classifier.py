@@ -127,6 +127,14 @@ class ImageClassifier:
 
     def top_k(self, probabilities: torch.Tensor, top_k: int) -> Predictions:
         """(B, L) probabilities -> the top_k classes of each row (ties: the lower index first)."""
+        top_k = check_top_k(top_k, len(self.classes))
+        tensor = isinstance(probabilities, torch.Tensor)
+        if not tensor or probabilities.ndim != 2 or probabilities.shape[1] != len(self.classes):
+            given = f"of shape {tuple(probabilities.shape)}" if tensor else f"of type {type(probabilities).__name__}"
+            raise UserError(
+                f"probabilities {given} are not a tensor of shape (images, {len(self.classes)}); "
+                "pass what classifier.probabilities(images) returns"
+            )
         probs, classes = probabilities.topk(top_k, dim=1)  # (B, k), (B, k)
         values = torch.tensor(self.classes.values, dtype=torch.long)
         names = [[self.classes.names[c] for c in row] for row in classes.tolist()]
