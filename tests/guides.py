@@ -15,7 +15,7 @@ How a page runs
   on PATH. A line ending in a backslash continues on the next; `#` comments are dropped. Every
   command must exit 0.
 
-The three substitutions, and the only ones
+The four substitutions, and the only ones
 1. Data, by path: the working directory's `data/mnist` is what torchvision's download leaves
    (`MNIST/raw/`, each idx file plain and gzipped), holding a small slice of MNIST: TRAIN_IMAGES
    train and TEST_IMAGES test images, cut from the MNIST test set in ../shared/data/mnist (synthetic
@@ -25,6 +25,8 @@ The three substitutions, and the only ones
    small batch without compilation. Appended last, these keys win over the page's own `--set`s of the same key.
 3. Likelihood length: `vitmask eval ... --nll` gets EXACT_NLL appended, the exact NLLs on 2 images (each
    costs K x N forward passes an image; the page's command runs them on its default 100).
+4. Sampling length: `vitmask sample` gets SAMPLE_ROUNDS appended, 16 rounds of decoding (the page's
+   commands decode one patch a round: 196 rounds of the whole model for MNIST).
 
 Blocks that are not run carry `<!-- skip: next "why" -->` on the line before the fence (an HTML
 comment, which the rendered page does not show); each page may have at most MAX_SKIPS. A step that
@@ -64,6 +66,7 @@ SHORT = (
 )
 SHORTENED_VERBS = ("train", "finetune")
 EXACT_NLL = ("--nll-exact-images", "2")  # appended to `vitmask eval ... --nll`
+SAMPLE_ROUNDS = ("--steps", "16")  # appended to `vitmask sample`
 
 
 # ---- the working directory -------------------------------------------------------------------------
@@ -130,8 +133,8 @@ def logical_lines(block: str) -> list[str]:
 
 def vitmask_args(line: str) -> list[str] | None:
     """The arguments of a `vitmask ...` or `python -m vitmask ...` line (comments dropped), plus SHORT
-    for a training verb and EXACT_NLL for `eval --nll`; None for any other line (or one that pipes,
-    chains or redirects)."""
+    for a training verb, EXACT_NLL for `eval --nll` and SAMPLE_ROUNDS for `sample`; None for any other
+    line (or one that pipes, chains or redirects)."""
     words = shlex.split(line, comments=True)
     if words[:1] == ["vitmask"]:
         args = words[1:]
@@ -145,6 +148,8 @@ def vitmask_args(line: str) -> list[str] | None:
         args += [a for key in SHORT for a in ("--set", key)]
     if args[:1] == ["eval"] and "--nll" in args:
         args += list(EXACT_NLL)
+    if args[:1] == ["sample"]:
+        args += list(SAMPLE_ROUNDS)
     return args
 
 

@@ -1,6 +1,7 @@
 """The guides are tested: README.md and every guide page run in order, as written, through the harness
-in tests/guides.py (its docstring says how, and the only two substitutions: a small data folder at
-the same path, and SHORT appended to training commands). A doc change that breaks a command fails
+in tests/guides.py (its docstring says how, and the only substitutions: a small data folder at the
+same path, SHORT appended to training commands, EXACT_NLL to `eval --nll` and SAMPLE_ROUNDS to
+`sample`). A doc change that breaks a command fails
 here. The harness itself is checked on pages written by hand."""
 
 import re
@@ -116,6 +117,8 @@ def test_training_verbs_get_short_appended_and_other_lines_are_not_vitmasks():
     assert guides.vitmask_args("vitmask eval --checkpoint x") == ["eval", "--checkpoint", "x"]
     assert guides.vitmask_args("vitmask eval --checkpoint x --nll") == ["eval", "--checkpoint", "x", "--nll",
                                                                         "--nll-exact-images", "2"]  # fmt: skip
+    sample = guides.vitmask_args("vitmask sample --checkpoint x --steps 196")
+    assert sample == ["sample", "--checkpoint", "x", "--steps", "196", "--steps", "16"]  # the last --steps wins
     assert guides.vitmask_args("vitmask eval --json | head -1") is None  # a pipe: bash runs it
     assert guides.vitmask_args("torchrun -m vitmask train") is None
 
