@@ -231,10 +231,10 @@ def parse_vs(spec: str) -> list[str]:
     return overrides
 
 
-def vitmask_flops(cfg, device: torch.device) -> int:
+def vitmask_flops(cfg) -> int:
     """vitmask's training FLOPs per image: the last block computes only the masked tokens, or every
     token where the step keeps static shapes (train.step_shapes, trainer.static_step)."""
-    return train_flops_per_image(cfg, masked_last_block=not static_step(cfg, device))
+    return train_flops_per_image(cfg, masked_last_block=not static_step(cfg))
 
 
 def mask_timing(cfg, device: torch.device, batches: list[int], reps: int = 7) -> dict:
@@ -359,7 +359,7 @@ def main(argv=None) -> dict:
     print("matmul peak: " + ", ".join(f"{k} {v / 1e9:.0f} GFLOP/s" for k, v in peaks.items()))
 
     splits = load_splits(cfg)
-    flops = vitmask_flops(cfg, device)
+    flops = vitmask_flops(cfg)
     warmup = args.warmup + (3 if cfg.train.compile else 0)
 
     # vitmask, alone first, so its peak memory is its own
@@ -427,7 +427,7 @@ def main(argv=None) -> dict:
     for v, vtrainer, vcfg, vpeak in variants:
         # a variant may change data.batch_size or the image size: its own images per step and tokens
         vd = vcfg.data
-        out = summarise(v, vd.batch_size, vd.num_patches, vitmask_flops(vcfg, device), vpeak, float("nan"))
+        out = summarise(v, vd.batch_size, vd.num_patches, vitmask_flops(vcfg), vpeak, float("nan"))
         out["precision"], out["compile"] = vcfg.train.precision, vcfg.train.compile
         out["eval_images_per_s"] = eval_images_per_s(vtrainer, args.eval_batches)
         out["vs_vitmask"] = out["images_per_s"] / results["vitmask"]["images_per_s"]

@@ -59,7 +59,7 @@ def main(argv=None) -> int:
     cfg = load_config(args.config, [*args.set, "train.compile=true", f"train.max_steps={args.steps}"])
     train = cfg.train
     precision = precision_on(train.precision, device)
-    shapes = "static" if static_step(cfg, device) else "masked"
+    shapes = "static" if static_step(cfg) else "masked"
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(
         f"compile parity: {args.config} on {name}, torch {torch.__version__}, compile_mode {train.compile_mode}, "

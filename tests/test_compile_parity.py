@@ -62,7 +62,7 @@ def test_the_compiled_step_equals_the_eager_step_at_every_checked_step(device, m
     )
     torch._dynamo.reset()
     trainer = Trainer(cfg, load_splits(cfg), device)
-    assert static_step(cfg, device) == (shapes == "static")
+    assert static_step(cfg) == (shapes == "static")
     results = check_run(trainer, 6, 2, "fp32")
     torch._dynamo.reset()
     assert [r.step for r in results] == [0, 2, 4]

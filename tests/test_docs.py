@@ -106,3 +106,10 @@ def test_make_docs_images_on_a_checkpoint_writes_the_headline_tables_and_picture
     assert f"**{nll_printed}**" in rows[0]
     for picture in ("reconstruct.png", "samples.png", "inpaint.png", "inpaint_input.png", "inpaint_filled.png"):
         assert (docs / picture).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", picture
+
+
+def test_the_printed_command_names_data_and_checkpoint_as_dir_and_ckpt_not_this_machines_paths():
+    public = load_script().public_args
+    assert public(["--checkpoint", "/work/x/last.pt", "--data=/srv/mnist", "--skip-finetune", "--n", "4"]) == [
+        "--checkpoint", "CKPT", "--data DIR", "--skip-finetune", "--n", "4",
+    ]  # fmt: skip

@@ -72,7 +72,7 @@ def mask_weighted_loss(logits: torch.Tensor, targets: torch.Tensor, mask: torch.
     return (ce * weight).sum() / weight.sum()
 
 
-def static_step(cfg: Config, device: torch.device) -> bool:
+def static_step(cfg: Config) -> bool:
     """Whether the training step keeps its shapes fixed for every masked count M (`train.step_shapes`).
 
     static: the last block and the head compute all N tokens and the loss is weighted by the mask
@@ -115,7 +115,7 @@ class Trainer:
         self.ddp = distributed.data_parallel(self.model, device, self.world)  # None in a world of one
         net = self.ddp if self.ddp is not None else self.model
         self.net = torch.compile(net, mode=train.compile_mode) if train.compile else net  # what the step calls
-        self.static = static_step(cfg, device)  # every token to the head: one graph for every M
+        self.static = static_step(cfg)  # every token to the head: one graph for every M
         # under a ratio schedule M changes from batch to batch: compile the step for any M at once,
         # not first for the M of batch 1 and again when the second differs (28 s of a cold start)
         self.any_masked_count = train.compile and cfg.mask.ratio_schedule != "fixed" and not self.static
