@@ -2,9 +2,11 @@
 
 Reads every module under src/vitmask with `ast` (nothing is imported or run) and collects the
 vitmask modules each one imports, at any depth of the file (imports inside functions count: they
-are cycles too, only deferred). Two rules, each failure printed on its own line:
+are cycles too, only deferred). The rules, each failure printed on its own line:
 
 - no cycle between modules (a module that imports itself through others);
+- nothing imports the command line (vitmask.cli) but vitmask.__main__ and cli's own modules
+  (CLI_IMPORTERS): what the verbs share with another package lives below both;
 - a module imports only from its own package or from packages of a lower layer in LAYERS, and
   never across a pair of INDEPENDENT packages (whatever their layers).
 
@@ -21,7 +23,9 @@ ROOT = Path(__file__).resolve().parent.parent / "src"
 # Lowest first. A package may import from its own layer's package and from any lower layer.
 # The top package (`vitmask/__init__.py`) is the public face: it imports `load_pretrained` lazily
 # (a module __getattr__), so it sits above everything, and modules that read its __version__ import
-# no module by that (the package itself is left out of the graph).
+# no module by that (the package itself is left out of the graph). demo has a layer of its own
+# between inference and cli: the web page's server uses the library only, and the command line's
+# `vitmask demo` starts it, an import downward; it never reaches up into cli (CLI_IMPORTERS).
 LAYERS = [
     {"config", "errors", "outputs", "progress", "signals", "sizes", "pretrained"},  # leaves: stdlib and errors only
     {"runtime"},
@@ -31,9 +35,15 @@ LAYERS = [
     {"store"},
     {"train"},
     {"inference"},
-    {"cli", "__main__", "demo"},  # demo: vitmask demo's server opens models as the verbs do (cli.verbs)
+    {"demo"},  # the page and its server: opens its model with inference.open, as the verbs do
+    {"cli", "__main__"},  # the command line, `vitmask demo` included (it starts demo.serve); see CLI_IMPORTERS
     {"__init__"},
 ]
+
+# The packages that may import vitmask.cli: the command line is the top of the tree, started by
+# `python -m vitmask` (__main__.py) and the `vitmask` script (cli.entry), and imported by nothing else,
+# whatever its layer (the public face, vitmask/__init__.py, above it in LAYERS, included).
+CLI_IMPORTERS = {"cli", "__main__"}
 
 # (importer, imported): packages one never imports from the other, whatever their layers. Drawing
 # masks and images is data's, applying a mask to tokens is the model's; what both need lives in a
@@ -125,6 +135,12 @@ def check(root: Path) -> tuple[list[str], int, int]:
     failures = [f"import cycle: {' <-> '.join(group)}" for group in find_cycles(graph)]
     for n, deps in sorted(graph.items()):
         for d in sorted(deps):
+            if package_of(d) == "cli" and package_of(n) not in CLI_IMPORTERS:
+                failures.append(
+                    f"cli: {n} imports {d}; nothing imports vitmask.cli but vitmask.__main__, so move what "
+                    "both need below them (e.g. into inference/)"
+                )
+                continue  # the one line for this import: the layering's would repeat it
             same_package = package_of(n) == package_of(d)
             if not same_package and layer_of(d) > layer_of(n):
                 failures.append(f"layering: {n} imports {d}, a package above its own layer")

@@ -40,11 +40,12 @@ import torch  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from vitmask.cli.verbs import evaluate_checkpoint, open_model, probe_checkpoint  # noqa: E402
+from vitmask.cli.verbs import evaluate_checkpoint, probe_checkpoint  # noqa: E402
 from vitmask.config import load_config  # noqa: E402
 from vitmask.data.batches import load_splits  # noqa: E402
 from vitmask.errors import UserError  # noqa: E402
 from vitmask.evaluate.likelihood import nll_report  # noqa: E402
+from vitmask.inference.open import open_model  # noqa: E402
 from vitmask.runtime.process import resolve_device  # noqa: E402
 from vitmask.store.checkpoint import save_checkpoint  # noqa: E402
 from vitmask.train.trainer import Trainer  # noqa: E402

@@ -1,7 +1,8 @@
 """scripts/check_imports.py on small trees written here: a tree whose packages import in the allowed
 directions passes with exit code 0; each planted violation (model importing data, data importing
-model, the store importing evaluation, an upward import, a cycle, a leaf importing a leaf) is one
-line naming the two modules, and exit code 1. The repository's own tree passes."""
+model, the store importing evaluation, an upward import, a cycle, a leaf importing a leaf, a module
+other than vitmask.__main__ importing the command line) is one line naming the two modules, and exit
+code 1. The repository's own tree passes."""
 
 import subprocess
 import sys
@@ -93,6 +94,46 @@ def test_each_planted_violation_is_one_line_and_exit_1(tmp_path, module, source,
     assert res.returncode == 1, res.stdout
     *failures, summary = res.stdout.splitlines()
     assert failures == [line]
+    assert summary.endswith(", 1 failures")
+
+
+# the command line on top of CLEAN, imported by its own modules and by vitmask.__main__ only
+CLI = {
+    "vitmask/cli/__init__.py": "",
+    "vitmask/cli/verbs.py": "from vitmask.model.pooling import feature_name\n",
+    "vitmask/cli/entry.py": "from vitmask.cli import verbs\n",
+    "vitmask/__main__.py": "from vitmask.cli.entry import main\n",
+    "vitmask/demo/__init__.py": "",
+    "vitmask/demo/models.py": "from vitmask.model.pooling import feature_name\n",
+    "vitmask/inference/__init__.py": "",
+    "vitmask/inference/open.py": "from vitmask.store import classifier\n",
+}
+CLI_LINE = (
+    "cli: {} imports vitmask.cli.verbs; nothing imports vitmask.cli but vitmask.__main__, so move what both "
+    "need below them (e.g. into inference/)"
+)
+
+
+def test_the_command_line_imported_by_main_and_by_itself_passes(tmp_path):
+    res = check(write_tree(tmp_path, {**CLEAN, **CLI}))
+    assert res.returncode == 0, res.stdout
+    assert res.stdout.splitlines()[-1].endswith(" 0 failures")
+
+
+@pytest.mark.parametrize(
+    "module,source",
+    [
+        ("vitmask/demo/models.py", "from vitmask.cli.verbs import feature_name\n"),  # a layer below cli
+        ("vitmask/inference/open.py", "def open_model():\n    import vitmask.cli.verbs  # deferred: still an import\n"),
+        ("vitmask/__init__.py", "from vitmask.cli.verbs import main\n"),  # the public face, above cli in LAYERS
+    ],
+)
+def test_importing_the_command_line_from_anywhere_but_main_is_one_line_and_exit_1(tmp_path, module, source):
+    res = check(write_tree(tmp_path, {**CLEAN, **CLI, module: source}))
+    assert res.returncode == 1, res.stdout
+    *failures, summary = res.stdout.splitlines()
+    importer = module.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+    assert failures == [CLI_LINE.format(importer)]
     assert summary.endswith(", 1 failures")
 
 

@@ -2,6 +2,7 @@
 options (commands.py), what each verb does with them (verbs.py; `vitmask finetune` in finetune.py, `vitmask predict` in
 predict.py).
 
-Nothing else in vitmask imports this package but vitmask demo's server (vitmask.demo), which opens
-its models with `verbs.open_model`, as the verbs do.
+Nothing in vitmask imports this package but `vitmask.__main__` (scripts/check_imports.py refuses any
+other importer): what the verbs share with other packages lives below, e.g. opening a model by name
+or path in inference/open.py, which vitmask demo's server uses too.
 """

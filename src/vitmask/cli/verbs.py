@@ -36,6 +36,7 @@ from vitmask.generate.inpaint import (
 )
 from vitmask.generate.sampling import DecodeOptions, sample_from_seed
 from vitmask.inference.classifier import BATCH, ImageClassifier
+from vitmask.inference.open import open_model
 from vitmask.model.memory_estimate import check_fits, check_model_fits
 from vitmask.model.params import ParamRow, param_rows
 from vitmask.model.vit import build_model
@@ -208,24 +209,6 @@ def _restore(trainer: Trainer, plan: rundir.Resolved) -> None:
         print(f"resuming {plan.run_dir} from step {trainer.step}{changed}", flush=True)
     else:
         print(f"starting a new run in {plan.run_dir} from {plan.source} (step {trainer.step}){changed}", flush=True)
-
-
-def open_model(
-    path: Path, device_name: str, seed: int, weights: str | None = None, loads_data: bool = True, need_head: bool = True
-):
-    """What every verb that reads a model does first: check its `--seed`, resolve the device and load
-    the model from a .pt checkpoint, an export dir or a shipped model's name (export.load_model: every
-    check of the files; `weights` ema | raw, default the EMA's where there are any; `need_head`: refuse
-    an encoder-only export). A verb that `loads_data` (eval, probe, reconstruct) also refuses a config
-    whose data and evaluation cannot fit in memory, and a shipped model whose data is missing (one line
-    saying where to get it). Returns (model in eval mode, config, device)."""
-    check_seed(seed, "--seed")
-    device = resolve_device(device_name)
-    model, cfg, _ = load_model(path, device, weights, need_head=need_head)
-    if loads_data:
-        check_data(path, cfg.data.source, cfg.data.path)
-        check_fits(cfg, device, training=False)
-    return model, cfg, device
 
 
 def check_grid_count(value: int, flag: str, what: str) -> None:

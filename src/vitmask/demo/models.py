@@ -1,12 +1,12 @@
 """What vitmask demo serves: a masked-patch model, a classifier or none, and test images to pick from.
 
-The models are opened by the loaders the verbs use: the masked-patch model by `verbs.open_model` (as
-`vitmask inpaint` and `vitmask sample` open `--checkpoint`), the classifier by
-`store.classifier.load_classifier_model` into an `ImageClassifier` (as `vitmask predict` does). So a
-name or path given here means what it means to those verbs. Left out, the demo serves the shipped
-models `mnist` and `mnist-classifier`, read from their folders in the package (a folder `mnist` in the
-working directory is no model the user named); `--checkpoint` alone serves that model without a
-classifier.
+The models are opened by the loaders the verbs use: the masked-patch model by
+`inference.open.open_model` (as `vitmask inpaint` and `vitmask sample` open `--checkpoint`), the
+classifier by `store.classifier.load_classifier_model` into an `ImageClassifier` (as `vitmask
+predict` does). So a name or path given here means what it means to those verbs. Left out, the demo
+serves the shipped models `mnist` and `mnist-classifier`, read from their folders in the package (a
+folder `mnist` in the working directory is no model the user named); `--checkpoint` alone serves
+that model without a classifier.
 
 The test images the page offers: a model folder (an export dir) holding `examples.npz` gives its
 array `images` ((n, S, S) uint8 0/1, the shipped models' test split); otherwise the test split of the
@@ -24,11 +24,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from vitmask.cli.verbs import open_model
 from vitmask.config import Config
 from vitmask.data.batches import load_splits
 from vitmask.errors import UserError
 from vitmask.inference.classifier import ImageClassifier
+from vitmask.inference.open import open_model
 from vitmask.model.memory_estimate import check_fits
 from vitmask.outputs import reason
 from vitmask.pretrained import EXAMPLES_FILE, SHIPPED, resolve_model_path
