@@ -17,7 +17,7 @@ from tests.conftest import ROOT, TINY
 from vitmask.config import config_from_dict
 from vitmask.data.batches import load_splits
 from vitmask.errors import UserError
-from vitmask.runtime.process import check_cuda_graphs
+from vitmask.runtime.process import CUDA_GRAPH_MODES, check_cuda_graphs
 from vitmask.train.parity import check_run, tolerance
 from vitmask.train.trainer import Trainer, static_step
 
@@ -50,7 +50,7 @@ def small_cfg(*sets: str):
 @pytest.mark.parametrize(("mode", "shapes", "schedule", "accum"), CASES)
 def test_the_compiled_step_equals_the_eager_step_at_every_checked_step(device, mode, shapes, schedule, accum):
     device = torch.device(device)
-    if device.type == "cuda" and mode == "reduce-overhead" and accum > 1:
+    if device.type == "cuda" and mode in CUDA_GRAPH_MODES and accum > 1:
         pytest.skip("refused: CUDA graphs with gradient accumulation (check_cuda_graphs)")
     cfg = small_cfg(
         "train.compile=true",
@@ -72,6 +72,38 @@ def test_the_compiled_step_equals_the_eager_step_at_every_checked_step(device, m
         assert r.tol == 1e-4
     # the checked run trained: its loss fell from the first checked step to the last
     assert results[-1].loss_eager < results[0].loss_eager
+
+
+# the GPU recipe's features (configs/mnist-gpu.yaml): token conv 3, rope2d+learned, learned fill, mixed
+# masks, Muon, bf16 autocast; SDPA attention, the path on which cuDNN's backend computed a wrong gradient
+GPU_RECIPE = [
+    "model.token_conv=3",
+    "model.pos=rope2d+learned",
+    "mask.fill=learned",
+    "mask.ratio_schedule=uniform",
+    "model.attention=sdpa",
+    "train.precision=bf16",
+    "train.muon_dtype=bf16",
+    "train.step_shapes=static",
+]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead", "max-autotune"])
+def test_the_compiled_bf16_gpu_recipe_step_equals_the_eager_step(mode):
+    """On CUDA, in bf16, with the GPU recipe's features: every checked step's gradient is eager's to the
+    compile check's bound (cosine 0.999), not the 0.948 a compiled step on cuDNN's SDPA gave."""
+    from vitmask.train.compile_check import COSINE_BOUND
+
+    cfg = small_cfg(*GPU_RECIPE, "train.compile=true", f"train.compile_mode={mode}", "train.max_steps=6")
+    torch._dynamo.reset()
+    trainer = Trainer(cfg, load_splits(cfg), torch.device("cuda"))
+    results = check_run(trainer, 6, 2, "bf16")
+    torch._dynamo.reset()
+    assert [r.step for r in results] == [0, 2, 4]
+    for r in results:
+        assert r.ok, r.line()
+        assert r.grad_cos >= COSINE_BOUND["bf16"], r.line()
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -183,15 +215,18 @@ def test_tolerances_are_tight_in_fp32_and_loose_under_bf16():
     ("device", "mode", "accum", "refused"),
     [
         ("cuda", "reduce-overhead", 2, True),
+        ("cuda", "max-autotune", 2, True),  # max-autotune captures CUDA graphs too
         ("cuda", "reduce-overhead", 1, False),
+        ("cuda", "max-autotune", 1, False),
         ("cuda", "default", 2, False),
         ("cpu", "reduce-overhead", 2, False),  # no CUDA graphs on a CPU
+        ("cpu", "max-autotune", 2, False),
     ],
 )
 def test_gradient_accumulation_under_cuda_graphs_is_refused(device, mode, accum, refused):
     train = small_cfg("train.compile=true", f"train.compile_mode={mode}", f"train.accum_steps={accum}").train
     if refused:
-        with pytest.raises(UserError, match=r"accum_steps=2 with train.compile_mode=reduce-overhead.*accum_steps=1"):
+        with pytest.raises(UserError, match=rf"accum_steps=2 with train.compile_mode={mode} on CUDA.*accum_steps=1"):
             check_cuda_graphs(train, torch.device(device))
     else:
         check_cuda_graphs(train, torch.device(device))

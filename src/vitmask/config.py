@@ -91,6 +91,7 @@ Schedule = Literal["constant", "cosine", "linear"]
 Precision = Literal["fp32", "bf16", "fp16", "auto"]
 CompileMode = Literal["default", "reduce-overhead", "max-autotune"]  # torch.compile(mode=...)
 StepShapes = Literal["auto", "static", "masked"]
+CompileCheck = Literal["stop", "eager", "skip"]
 
 MAX_DEPTH = 1024  # blocks: far beyond any model this trainer is for, and quick to build and count
 
@@ -496,6 +497,11 @@ class TrainConfig:
     """Wrap the model in torch.compile (needs a C++ compiler on a CPU)."""
     compile_mode: CompileMode = "default"
     """The torch.compile mode: default, reduce-overhead (CUDA graphs) or max-autotune (docs/gpu.md)."""
+    compile_check: CompileCheck = "stop"
+    """With `compile`: the first step in each process (a run's first, and the first after a resume)
+    also runs eager, and the two gradients are compared (docs/gpu.md#the-compiled-step-checks-itself).
+    Below the bound: stop (one line, exit 2), eager (a warning, then the run goes on uncompiled), or
+    skip (no check)."""
     step_shapes: StepShapes = "auto"
     """The training step's shapes: static (every token to the head, the loss weighted by the mask:
     one compiled graph for every masked count), masked (the last block computes only the masked

@@ -150,20 +150,31 @@ def check_compile(device: torch.device) -> None:
             )
 
 
+# the torch.compile modes that capture the step as CUDA graphs on CUDA (max-autotune turns them on too;
+# max-autotune-no-cudagraphs, which vitmask does not offer, is the one that does not)
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+
+
+def uses_cuda_graphs(train, device: torch.device) -> bool:
+    """Whether the compiled step is captured and replayed as CUDA graphs (train.compile_mode, on CUDA)."""
+    return train.compile and train.compile_mode in CUDA_GRAPH_MODES and device.type == "cuda"
+
+
 def check_cuda_graphs(train, device: torch.device) -> None:
-    """Refuse gradient accumulation under CUDA graphs (train.compile_mode=reduce-overhead on CUDA).
+    """Refuse gradient accumulation under CUDA graphs (compile_mode reduce-overhead or max-autotune on CUDA).
 
     Each replay of a CUDA graph writes its outputs, the backward's gradients among them, into the
     same memory of the graph's pool. The gradients of a step's first micro-batch would be that
     memory, and the next micro-batch's replay would overwrite them before they are summed: the
-    step would apply the last micro-batch's gradient twice, silently. One micro-batch a step keeps
-    every replay's gradients alive until the optimizer has read them.
+    step would apply the last micro-batch's gradient twice, silently (or torch raises "accessing
+    tensor output of CUDAGraphs that has been overwritten"). One micro-batch a step keeps every
+    replay's gradients alive until the optimizer has read them.
     """
-    if train.compile and train.compile_mode == "reduce-overhead" and device.type == "cuda" and train.accum_steps > 1:
+    if uses_cuda_graphs(train, device) and train.accum_steps > 1:
         raise UserError(
-            f"train.accum_steps={train.accum_steps} with train.compile_mode=reduce-overhead on CUDA: each CUDA-graph "
-            "replay would overwrite the gradients of the step's earlier micro-batches; use --set train.accum_steps=1 "
-            "(a smaller data.batch_size per GPU, or more GPUs) or --set train.compile_mode=default"
+            f"train.accum_steps={train.accum_steps} with train.compile_mode={train.compile_mode} on CUDA: each "
+            "CUDA-graph replay would overwrite the gradients of the step's earlier micro-batches; use --set "
+            "train.accum_steps=1 (a smaller data.batch_size per GPU, or more GPUs) or --set train.compile_mode=default"
         )
 
 

@@ -36,6 +36,7 @@ class StepParity:
     loss_eager: float
     loss_rel: float  # |loss_c - loss_e| / |loss_e|
     grad_rel: float  # ||g_c - g_e|| / ||g_e||, over every parameter with a gradient
+    grad_cos: float  # cosine between g_c and g_e, over every parameter with a gradient
     worst_param: str  # the parameter whose gradient differs most, relative to its own norm
     worst_rel: float
     tol: float
@@ -64,11 +65,37 @@ def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
     return diff / ref if ref > 0 else (0.0 if diff == 0 else math.inf)
 
 
-def checked_step(trainer, batch, precision: str) -> StepParity:
-    """One training step of `trainer` (whose net is compiled) over `batch`, checked against eager.
+def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    """a . b / (||a|| ||b||), in float64 (1 when both are 0, 0 when one is)."""
+    a, b = a.double(), b.double()
+    norms = float(a.norm() * b.norm())
+    if norms == 0:
+        return 1.0 if float(a.norm()) == float(b.norm()) else 0.0
+    return float(a @ b) / norms
 
-    The compiled pass runs first and its gradients drive the update, as in `Trainer.train_step`.
-    """
+
+@dataclass
+class ComparedStep:
+    """Both passes of one step over one batch: the verdict, and what each pass left for the update."""
+
+    parity: StepParity
+    compiled: tuple  # what Trainer.backward returned for the compiled pass
+    eager: tuple  # and for the eager one
+    grads_compiled: dict[str, torch.Tensor]  # each parameter's gradient (fp32 copies)
+    grads_eager: dict[str, torch.Tensor]
+
+    def apply(self, trainer, use: str = "compiled") -> dict[str, torch.Tensor]:
+        """The step's update from the `use` pass's gradients (compiled or eager), as Trainer.train_step does."""
+        grads, outputs = (self.grads_compiled, self.compiled) if use == "compiled" else (self.grads_eager, self.eager)
+        for n, p in trainer.model.named_parameters():
+            if p.requires_grad:
+                p.grad = grads[n].to(p.dtype) if n in grads else None
+        return trainer.apply_step(*outputs)
+
+
+def compare_step(trainer, batch, precision: str) -> ComparedStep:
+    """Forward and backward of `batch` through `trainer`'s compiled net and then through its plain
+    module, from the same weights and the same RNG state; no update yet (ComparedStep.apply)."""
     named = [(n, p) for n, p in trainer.model.named_parameters() if p.requires_grad]
     devices = [trainer.device] if trainer.device.type == "cuda" else []
     trainer.net.train()
@@ -97,14 +124,22 @@ def checked_step(trainer, batch, precision: str) -> StepParity:
         loss_eager=loss_e,
         loss_rel=abs(loss_c - loss_e) / max(abs(loss_e), 1e-12),
         grad_rel=_relative(flat_c, flat_e),
+        grad_cos=_cosine(flat_c, flat_e),
         worst_param=worst,
         worst_rel=per_param[worst],
         tol=tolerance(precision),
     )
-    for n, p in named:  # the update uses the compiled step's gradients
-        p.grad = g_compiled[n].to(p.dtype) if n in g_compiled else None
-    trainer.apply_step(*compiled)
-    return result
+    return ComparedStep(result, compiled, eager, g_compiled, g_eager)
+
+
+def checked_step(trainer, batch, precision: str) -> StepParity:
+    """One training step of `trainer` (whose net is compiled) over `batch`, checked against eager.
+
+    The compiled pass runs first and its gradients drive the update, as in `Trainer.train_step`.
+    """
+    compared = compare_step(trainer, batch, precision)
+    compared.apply(trainer, "compiled")
+    return compared.parity
 
 
 def check_run(trainer, steps: int, every: int, precision: str, on_result=None) -> list[StepParity]:

@@ -21,6 +21,7 @@ Only rank 0 reports (`main`); the other ranks' reporters stay silent.
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from tqdm import tqdm
@@ -120,6 +121,17 @@ class Reporter:
             f"  linear acc {accuracies['probe/linear_acc']:.4f}"
         )
         self._say(line)
+
+    def compile_check(self, check, run_dir=None) -> None:
+        """The compiled step's check against eager (compile_check.CompileCheck): its line on the console
+        and appended to `compile_check.txt` in the run dir, its figures as `compile_check/*` scalars."""
+        if not self.main:
+            return
+        self.logger.log(check.scalars(), check.parity.step)
+        self._say(check.line())
+        if run_dir is not None:
+            with open(Path(run_dir) / "compile_check.txt", "a") as f:
+                f.write(check.line() + "\n")
 
     def _say(self, line: str) -> None:
         """One console line. If stdout's reader has gone, say nothing more (stdout -> /dev/null, so the

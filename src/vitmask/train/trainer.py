@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 from vitmask.config import Config
 from vitmask.data.batches import Batch, BatchSampler, training_images
-from vitmask.errors import Stopped, UserError
+from vitmask.errors import Stopped, UserError, warn
 from vitmask.evaluate.metrics import MaskedPatchMetrics
 from vitmask.model.vit import build_model
 from vitmask.progress import note
@@ -44,6 +44,8 @@ from vitmask.signals import StopSignals, interrupted
 from vitmask.store.checkpoint import load_model_state, load_optimizer_state
 from vitmask.store.init_weights import InitWeights
 from vitmask.store.saving import Checkpointer
+from vitmask.train import parity, sdpa
+from vitmask.train.compile_check import CompileCheck, device_name
 from vitmask.train.divergence import DivergenceWatch
 from vitmask.train.ema import WeightEMA
 from vitmask.train.optim import build_optimizer, build_scheduler
@@ -113,17 +115,17 @@ class Trainer:
         self.ema = WeightEMA(self.model, train.ema_decay) if train.ema_decay > 0 else None  # fp32 copy
         self.scaler = process.grad_scaler(train.precision, device)
         self.ddp = distributed.data_parallel(self.model, device, self.world)  # None in a world of one
-        net = self.ddp if self.ddp is not None else self.model
-        self.net = torch.compile(net, mode=train.compile_mode) if train.compile else net  # what the step calls
+        self.plain_net = self.ddp if self.ddp is not None else self.model  # the uncompiled step's net
+        self.net = torch.compile(self.plain_net, mode=train.compile_mode) if train.compile else self.plain_net
         self.static = static_step(cfg)  # every token to the head: one graph for every M
         # under a ratio schedule M changes from batch to batch: compile the step for any M at once,
         # not first for the M of batch 1 and again when the second differs (28 s of a cold start)
         self.any_masked_count = train.compile and cfg.mask.ratio_schedule != "fixed" and not self.static
-        self.cuda_graphs = train.compile and train.compile_mode == "reduce-overhead" and device.type == "cuda"
+        self.cuda_graphs = process.uses_cuda_graphs(train, device)
         self.sampler = self.build_sampler(training_images(splits["train"], cfg, device))
         self.validator = self.build_validator(splits)
         self.reporter = Reporter(cfg, logger, device, main=self.world.main)
-        self.divergence = DivergenceWatch(device)
+        self.divergence = DivergenceWatch(device, train.warmup_steps)
         self.step = 0
         self.train_metrics = MaskedPatchMetrics(cfg.data.num_classes, device)  # since the last log
         self._grad_norm_sum = torch.zeros((), device=device)  # since the last log
@@ -131,6 +133,7 @@ class Trainer:
         self._lr = train.lr  # the lr of the last step (a Python float)
         self.run_id: str | None = None  # the run's id, saved in every checkpoint (rundir.py)
         self._stepped = False  # whether a step has run in this process (a compiled one compiles)
+        self.run_dir: Path | None = None  # where fit writes, when it writes
         self.last_val: dict[str, dict[str, float]] = {}  # the last validation's numbers ("raw", "ema"), saved
         self.pending: tuple[str, ...] = ()  # this step's EVALUATIONS a stop cut short (saved; redone on resume)
 
@@ -182,7 +185,8 @@ class Trainer:
             with sync:
                 if self.cuda_graphs:  # one micro-batch a step (process.check_cuda_graphs): a new replay
                     torch.compiler.cudagraph_mark_step_begin()
-                loss, pred, target = self.forward_loss(mb)
+                with sdpa.scoped(self.device, compiled=self.net is not self.plain_net):  # no cuDNN SDPA
+                    loss, pred, target = self.forward_loss(mb)
                 self.scaler.scale(loss / len(micro)).backward()
             losses.append(loss.detach())
             preds.append(pred)  # (b, M)
@@ -219,7 +223,7 @@ class Trainer:
         """Within it, the step's net is the uncompiled one (the same parameters): what the compiled
         step is checked against (train/parity.py)."""
         compiled, cuda_graphs = self.net, self.cuda_graphs
-        self.net, self.cuda_graphs = self.ddp if self.ddp is not None else self.model, False
+        self.net, self.cuda_graphs = self.plain_net, False
         try:
             yield
         finally:
@@ -247,6 +251,7 @@ class Trainer:
             "val": self.last_val,
             "init": self.init,
             "pending": list(self.pending),
+            "divergence": self.divergence.state_dict(),
             **({"ema": self.ema.state_dict()} if self.ema is not None else {}),
         }
 
@@ -265,6 +270,8 @@ class Trainer:
         self.init = state.get("init") if isinstance(state.get("init"), dict) else None
         pending = state.get("pending", [])  # absent from checkpoints that no stop cut short
         self.pending = tuple(n for n in pending if n in EVALUATIONS) if isinstance(pending, list) else ()
+        if isinstance(state.get("divergence"), dict):  # absent from older checkpoints: a new reference
+            self.divergence.load_state_dict(state["divergence"])
         if self.ema is not None:
             if not isinstance(state.get("ema"), dict):
                 raise UserError("the checkpoint holds no EMA weights (an 'ema' entry) although train.ema_decay is set")
@@ -280,6 +287,7 @@ class Trainer:
         writes the step's checkpoint where one was due), so the resumed run reports, keeps best.pt,
         checkpoints and trains exactly as the unbroken one."""
         train = self.cfg.train
+        self.run_dir = run_dir
         checkpointer = Checkpointer(run_dir, train, self.world)
         self.reporter.start(self.step, progress)
         val: dict[str, float] = {}
@@ -313,22 +321,44 @@ class Trainer:
 
     def _run_step(self) -> None:
         """One step of the loop; with train.compile, a failure to compile the first one is a UserError,
-        and rank 0 says on stderr when it starts compiling and how long the first step took with it."""
+        and rank 0 says on stderr when it starts compiling and how long the first step took with it.
+        The first compiled step in this process is checked against eager (`_checked_step`)."""
         batch = self.sampler.sample()
-        first_compiled = self.cfg.train.compile and not self._stepped
+        first_compiled = self.net is not self.plain_net and not self._stepped
         self._stepped = True
         if first_compiled and self.world.main:
             note("train.compile: compiling the training step (the first step waits for it)")
         started = time.perf_counter()
         with process.compile_failure_as_user_error() if first_compiled else contextlib.nullcontext():
-            self.train_step(batch)
+            if first_compiled and self.cfg.train.compile_check != "skip":
+                self._checked_step(batch)
+            else:
+                self.train_step(batch)
         if first_compiled and self.world.main:
             note(f"train.compile: compiled in {time.perf_counter() - started:.1f} s (the first step included)")
+
+    def _checked_step(self, batch: Batch) -> None:
+        """The step through the compiled net and through the plain module, the gradients compared
+        (compile_check.py); reported, then applied, or refused as train.compile_check says."""
+        precision = process.precision_on(self.cfg.train.precision, self.device)
+        compared = parity.compare_step(self, batch, precision)
+        attention = sdpa.attention_name(self.cfg.model.attention, self.device, precision, compiled=True)
+        check = CompileCheck(compared.parity, device_name(self.device), precision, attention)
+        self.reporter.compile_check(check, self.run_dir)
+        if check.ok:
+            compared.apply(self, "compiled")
+        elif self.cfg.train.compile_check == "eager":
+            warn(check.warning())
+            self.net, self.cuda_graphs, self.any_masked_count = self.plain_net, False, False
+            compared.apply(self, "eager")
+        else:
+            raise UserError(check.failure())
 
     def _log_train(self) -> None:
         metrics = self.train_metrics.read(self.world)  # the host sync, on logging steps only
         grad_norm = float(self._grad_norm_sum) / self._steps_since_log  # the same on every rank under DDP
         self.divergence.check(self.world)
+        self.divergence.grad_norm(self.step, grad_norm, metrics.get("loss", math.nan))
         images = self._steps_since_log * self.cfg.data.batch_size
         self.reporter.train(self.step, metrics, grad_norm, self._lr, images)
         self.train_metrics.reset()
