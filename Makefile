@@ -29,6 +29,8 @@ train: install
 test: install
 	$(PY) -m pytest $(ARGS)
 
+# the last line: pyright (on Node.js) type-checks a script of the public API; the variable skips its look-up
+# of pyright's latest version on PyPI
 lint: install
 	$(PY) -m ruff check src tests scripts
 	$(PY) -m ruff format --check src tests scripts
@@ -36,6 +38,7 @@ lint: install
 	$(PY) scripts/check_history.py
 	$(PY) scripts/check_links.py
 	$(PY) scripts/gen_reference.py --check
+	PYRIGHT_PYTHON_IGNORE_WARNINGS=1 $(PY) -m pyright --pythonpath $(PY) tests/typecheck/user_script.py
 
 format: install
 	$(PY) -m ruff format src tests scripts

@@ -75,12 +75,19 @@ QUICK = {  # a short build: the recipes' models and data, a few steps, no compil
                "train.warmup_steps=20", "train.compile=false"],
 }  # fmt: skip
 MNIST_LICENCE = (
-    "MNIST is copyright Yann LeCun (Courant Institute, NYU) and Corinna Cortes (Google Labs, New York), a "
-    "derivative work of NIST's datasets, made available under the terms of the Creative Commons "
-    "Attribution-Share Alike 3.0 licence (CC BY-SA 3.0)"
+    "MNIST, by Yann LeCun (Courant Institute, NYU), Corinna Cortes (Google Labs, New York) and Christopher J.C. "
+    "Burges (Microsoft Research, Redmond), is copyright Yann LeCun and Corinna Cortes, a derivative work of NIST's "
+    "datasets, made available under the terms of the Creative Commons Attribution-Share Alike 3.0 licence "
+    "(CC BY-SA 3.0)"
 )
 SHAPES_LICENCE = (
     "drawn by vitmask's own generator (src/vitmask/data/shapes.py): no outside data, no third-party licence"
+)
+# the card's Licence section: the weights' licence, and the data's in a few words (its full notice: the Data section)
+WEIGHTS_LICENCE = "the MIT licence, as vitmask's code (vitmask's `LICENSE` file)"
+MNIST_DATA_LICENCE = "MNIST, under the Creative Commons Attribution-Share Alike 3.0 licence (CC BY-SA 3.0)"
+SHAPES_DATA_LICENCE = (
+    "synthetic shapes vitmask draws itself (`src/vitmask/data/shapes.py`), under no third-party licence"
 )
 
 
@@ -273,8 +280,9 @@ def figures_rows(metrics: dict) -> list[str]:
 
 
 def card(name: str, record: dict, export_card: str) -> str:
-    """README.md: what the model is and how it was built, the data and its licence, exactly which images
-    it learned from, its figures on its own test split; then the card vitmask export wrote."""
+    """README.md: what the model is, the licences of its weights and of its data, how it was built, the data
+    and its licence notice, exactly which images it learned from, its figures on its own test split; then
+    the card vitmask export wrote."""
     model, d, h = SHIPPED[name], record["data"], record["host"]
     loader = "load_classifier" if model.task == CLASSIFIER else "load_pretrained"
     verb = (
@@ -294,6 +302,11 @@ def card(name: str, record: dict, export_card: str) -> str:
         f"Shipped inside vitmask as `{name}`: every verb that takes `--checkpoint` takes the name (`{verb}`), and "
         f'so does `vitmask.{loader}("{name}")`. A file or folder called `{name}` in the working directory wins '
         "over the name. `vitmask models` lists the shipped models.",
+        "",
+        "## Licence",
+        "",
+        f"The weights: {WEIGHTS_LICENCE}. The data it learned from: "
+        f"{SHAPES_DATA_LICENCE if d['source'] == 'shapes' else MNIST_DATA_LICENCE} (see Data below).",
         "",
         "## How it was built",
         "",

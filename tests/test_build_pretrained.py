@@ -118,6 +118,9 @@ def test_the_records_and_cards_say_how_the_models_were_built(built):
         assert r["steps"] == 3 and f"({r['steps']} steps)" in card
         assert all(f"$ {c}" in built["stdout"] for c in r["commands"])  # what it recorded is what it ran
         assert r["host"]["threads"] == 1 and r["host"]["date"] in card
+        licence = card.split("\n## Licence\n\n", 1)[1].split("\n", 1)[0]  # the weights' licence, then the data's
+        assert licence.startswith("The weights: the MIT licence, as vitmask's code"), licence
+        assert ("(CC BY-SA 3.0)" if name.startswith("mnist") else "no third-party licence") in licence, licence
     commands = record(built, "mnist-classifier")["commands"]
     assert commands[0].startswith("vitmask finetune --checkpoint mnist --config configs/finetune-mnist.yaml")
     mnist = (built["out"] / "mnist" / "README.md").read_text()

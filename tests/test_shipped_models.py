@@ -110,12 +110,16 @@ def test_each_card_names_the_build_command_the_data_its_licence_and_the_figures(
     assert r["command"].startswith("python scripts/build_pretrained.py --data DIR")
     assert f"By `{r['command']}`" in card and all(c in card for c in r["commands"])
     assert r["data"]["licence"][1:] in card and r["data"]["learned_from"] in card  # [1:]: a sentence there
+    # the Licence section's one line: the weights' licence, then the data's
+    licence = card.split("\n## Licence\n\n", 1)[1].split("\n", 1)[0]
+    assert licence.startswith("The weights: the MIT licence, as vitmask's code"), licence
+    assert ("(CC BY-SA 3.0)" if name.startswith("mnist") else "no third-party licence") in licence, licence
     for key, value in r["metrics"].items():
         if key in pretrained.METRICS:
             assert (f"| {value:.2f} |" if key == "nll_bound_nats" else f"| {value:.4f} |") in card, key
     assert f"{r['host']['cpu']}, {r['host']['threads']} thread" in card and f"torch {r['host']['torch']}" in card
     if name.startswith("mnist"):
-        assert all(w in card for w in ("Yann LeCun", "Corinna Cortes", "CC BY-SA 3.0"))
+        assert all(w in card for w in ("Yann LeCun", "Corinna Cortes", "Christopher J.C. Burges", "CC BY-SA 3.0"))
         assert "8,000 train-split images of MNIST's 10,000 test-set images" in card
         assert "split 8,000 / 1,000 / 1,000 (train / val / test) by data.split_seed 0" in card
         bold = [line for line in card.splitlines() if line.startswith("**It learned from")]

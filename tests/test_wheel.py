@@ -54,7 +54,7 @@ def installed(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("wheel")
     source = root / "source"  # a copy: the build writes build/ and *.egg-info beside its sources
     source.mkdir()
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "LICENSE"):  # pyproject.toml names LICENSE (license-files)
         shutil.copy(ROOT / name, source / name)
     shutil.copytree(ROOT / "src", source / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     res = run([sys.executable, "-m", "pip", "--version"])
@@ -107,6 +107,21 @@ def test_the_wheel_holds_every_file_of_the_package(installed):
     assert {"vitmask/demo/static/index.html", "vitmask/demo/static/demo.js", "vitmask/cli/entry.py"} <= wanted
     names = set(zipfile.ZipFile(installed["wheel"]).namelist())
     assert sorted(wanted - names) == []
+
+
+def test_the_wheel_holds_the_licence_and_the_typed_marker(installed):
+    """LICENSE in the wheel's metadata folder, as PEP 639 places it, and named by its METADATA with the
+    licence's SPDX expression; py.typed beside the package, for its users' type checkers (PEP 561)."""
+    wheel = zipfile.ZipFile(installed["wheel"])
+    names = set(wheel.namelist())
+    dist_info = {name.split("/")[0] for name in names if name.split("/")[0].endswith(".dist-info")}
+    assert len(dist_info) == 1, dist_info
+    (dist_info,) = dist_info
+    assert f"{dist_info}/licenses/LICENSE" in names
+    assert wheel.read(f"{dist_info}/licenses/LICENSE") == (ROOT / "LICENSE").read_bytes()
+    metadata = wheel.read(f"{dist_info}/METADATA").decode().splitlines()
+    assert "License-Expression: MIT" in metadata and "License-File: LICENSE" in metadata
+    assert "vitmask/py.typed" in names
 
 
 def test_vitmask_in_the_venv_is_the_wheels(installed):
