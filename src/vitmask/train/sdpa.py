@@ -1,6 +1,6 @@
 """Which of SDPA's kernels a compiled training step may run on CUDA, and how a run names its attention.
 
-On an H200 (torch 2.11, 2026-11-28), a compiled bf16 training step whose attention ran on SDPA's
+On an H200 with torch 2.11, a compiled bf16 training step whose attention ran on SDPA's
 cuDNN backend computed a wrong gradient: cosine 0.948 against the eager step's at step 0, before
 any weight had moved, while the loss agreed (docs/gpu.md "The cuDNN attention fault"). The
 compiled graph hands the attention tensors of strides eager never makes, and cuDNN's SDPA backward
