@@ -237,3 +237,27 @@ def test_cosine_of_known_vectors():
     assert _cosine(a, b) == pytest.approx(1 / math.sqrt(2))
     assert _cosine(a, -a) == pytest.approx(-1.0)
     assert _cosine(torch.zeros(2), torch.zeros(2)) == 1.0
+
+
+def test_the_cost_script_times_a_plain_and_a_checked_step(tmp_path, monkeypatch, capsys):
+    """scripts/bench_compile_check.py on a tiny config (aot_eager: quick): one line with both medians and
+    their difference; a bad --repeats is one line."""
+    import importlib.util
+
+    from tests.conftest import ROOT
+
+    spec = importlib.util.spec_from_file_location("bench_compile_check", ROOT / "scripts" / "bench_compile_check.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    quick_compile(monkeypatch, fault=False)
+    config = write_config(tmp_path / "c.yaml")
+    sets = [a for s in SMALL for a in ("--set", s)]
+    assert script.main(["--config", str(config), "--device", "cpu", "--repeats", "2", *sets]) == 0
+    torch._dynamo.reset()
+    line = capsys.readouterr().out.strip()
+    plain = float(line.split("compiled step ")[1].split(" ms")[0])
+    checked = float(line.split("checked step ")[1].split(" ms")[0])
+    cost = float(line.split("the check costs ")[1].split(" ms")[0])
+    assert cost == pytest.approx(checked - plain, abs=0.11)
+    with pytest.raises(UserError, match="--repeats must be >= 1, got 0"):
+        script.main(["--config", str(config), "--repeats", "0"])
