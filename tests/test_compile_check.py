@@ -261,3 +261,24 @@ def test_the_cost_script_times_a_plain_and_a_checked_step(tmp_path, monkeypatch,
     assert cost == pytest.approx(checked - plain, abs=0.11)
     with pytest.raises(UserError, match="--repeats must be >= 1, got 0"):
         script.main(["--config", str(config), "--repeats", "0"])
+
+
+def test_a_cpu_compile_does_not_print_torchs_cuda_home_line():
+    """torch.utils.cpp_extension logs "No CUDA runtime is found" when imported on a machine with a CUDA
+    toolkit and no GPU; a CPU run's compile check imports it quietly. A process of its own: the module
+    logs once, on its first import."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    code = (
+        "import torch; from vitmask.runtime.process import check_compile; check_compile(torch.device('cpu')); "
+        "import torch.utils.cpp_extension as c; print('home', c.CUDA_HOME)"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env={"PYTHONPATH": str(ROOT / "src")}, timeout=120
+    )
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith("home ")
+    assert "No CUDA runtime" not in res.stderr

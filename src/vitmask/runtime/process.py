@@ -140,6 +140,7 @@ def check_compile(device: torch.device) -> None:
     if not torch._dynamo.is_dynamo_supported():
         raise UserError("train.compile=true, but torch.compile is not supported here; use --set train.compile=false")
     if device.type == "cpu":
+        quiet_cuda_home_lookup()
         from torch._inductor import config as inductor_config
 
         candidates = [c for c in inductor_config.cpp.cxx if c]
@@ -158,6 +159,23 @@ CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 def uses_cuda_graphs(train, device: torch.device) -> bool:
     """Whether the compiled step is captured and replayed as CUDA graphs (train.compile_mode, on CUDA)."""
     return train.compile and train.compile_mode in CUDA_GRAPH_MODES and device.type == "cuda"
+
+
+def quiet_cuda_home_lookup() -> None:
+    """Import torch.utils.cpp_extension (inductor's C++ builds read it) with its logger held at ERROR.
+
+    On import it looks for a CUDA toolkit, and on a machine with one but no GPU it logs "No CUDA
+    runtime is found, using CUDA_HOME=..." to the terminal of a user who trains on the CPU, a line
+    about nothing they asked for. The lookup runs once per process; the logger's level is restored."""
+    import logging
+
+    logger = logging.getLogger("torch.utils.cpp_extension")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        import torch.utils.cpp_extension  # noqa: F401
+    finally:
+        logger.setLevel(level)
 
 
 def check_cuda_graphs(train, device: torch.device) -> None:
