@@ -47,8 +47,9 @@ def test_a_training_window_becomes_scalars_and_one_line(monkeypatch, capsys):
     }
     assert logger.rows == [(50, {**want, "train/images_per_s": 32.0}), (60, {**want, "train/images_per_s": 16.0})]
     assert capsys.readouterr().out.splitlines() == [
-        "step 50/100  loss 1.23457  acc 0.5000  lr 1.000e-03  grad norm 0.500  32 img/s",
-        "step 60/100  loss 1.23457  acc 0.5000  lr 1.000e-03  grad norm 0.500  16 img/s",
+        # batch 128: half a step in 2 s, 50 steps left -> 200 s; then half a step in 4 s, 40 left -> 320 s
+        "step 50/100  loss 1.23457  acc 0.5000  lr 1.000e-03  grad norm 0.500  32 img/s  ETA 03:20",
+        "step 60/100  loss 1.23457  acc 0.5000  lr 1.000e-03  grad norm 0.500  16 img/s  ETA 05:20",
     ]
 
 

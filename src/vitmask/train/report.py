@@ -14,8 +14,11 @@ scalars and images, and the hparams table. The trainer computes; the reporter fo
 - At the end (`hparams`): every config key as `section.key` beside `hparam/val_<name>` and
   `hparam/best_val_loss`, to compare runs side by side; a run started with `--init` adds `init`,
   the path of its initial weights.
+- Checkpoints (`checkpoint`): their paths to the loggers that keep them (W&B, MLflow; loggers.py).
+- A stop a callback asked for (`stopped`): its one console line.
 
-Only rank 0 reports (`main`); the other ranks' reporters stay silent.
+`train`, `validation` and `validation_ema` return the scalars they log (on every rank): what the
+callbacks' hooks get. Only rank 0 reports (`main`); the other ranks' reporters stay silent.
 """
 
 import sys
@@ -27,16 +30,10 @@ import torch
 from tqdm import tqdm
 
 from vitmask import outputs
-from vitmask.config import Config, flatten_config
+from vitmask.config import Config
 from vitmask.evaluate.metrics import SCALARS
-from vitmask.train.loggers import NullLogger
-
-
-def flat_hparams(cfg: Config) -> dict[str, int | float | str | bool]:
-    """Every config key as `section.key` (top-level keys as they are), in values TensorBoard takes."""
-    hparams = flatten_config(cfg)
-    # TensorBoard takes scalars and strings only: lists (ranges) and None become text
-    return {k: v if isinstance(v, (int, float, str, bool)) else str(v) for k, v in hparams.items()}
+from vitmask.progress import clock
+from vitmask.train.loggers import NullLogger, flat_hparams
 
 
 class Reporter:
@@ -66,50 +63,65 @@ class Reporter:
         """The loop is over (or stopped): close the progress bar."""
         self.bar.close()
 
-    def train(self, step: int, metrics: dict[str, float], grad_norm: float, lr: float, images: int) -> None:
+    def train(
+        self, step: int, metrics: dict[str, float], grad_norm: float, lr: float, images: int
+    ) -> dict[str, float]:
         """A training window: `metrics` as MaskedPatchMetrics.read gives them, the mean gradient norm,
-        the lr of the last step and the images trained on since the last window."""
+        the lr of the last step and the images trained on since the last window. Returns the scalars."""
         now = time.perf_counter()
+        seconds = max(now - self._window_start, 1e-9)  # the window's steps and whatever ran between them
         scalars = {f"train/{k}": metrics[k] for k in self.scalars}
         scalars["train/lr"] = lr
         scalars["train/grad_norm"] = grad_norm
-        scalars["train/images_per_s"] = images / max(now - self._window_start, 1e-9)
+        scalars["train/images_per_s"] = images / seconds
         if self.device.type == "cuda":
             scalars["train/peak_mem_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
         self._window_start = now
         if not self.main:
-            return
+            return scalars
         self.logger.log(scalars, step)
         if self.progress:
             self.bar.set_postfix(loss=f"{scalars['train/loss']:.4f}")
-            return
+            return scalars
         self._say(
             f"step {step}/{self.cfg.train.max_steps}  loss {scalars['train/loss']:.5f}"
             f"  acc {scalars['train/acc']:.4f}  lr {lr:.3e}  grad norm {grad_norm:.3f}"
-            f"  {scalars['train/images_per_s']:.0f} img/s"
+            f"  {scalars['train/images_per_s']:.0f} img/s  ETA {self._eta(step, images, seconds)}"
         )
+        return scalars
 
-    def validation(self, step: int, val: dict, grid: Callable[[], torch.Tensor]) -> None:
-        """An evaluation: `val` as `evaluate` gives it; `grid` draws the reconstruction grid (rank 0 only)."""
+    def _eta(self, step: int, images: int, seconds: float) -> str:
+        """When the run will be done, at this window's rate (validations and probes in it included)."""
+        steps = images / self.cfg.data.batch_size
+        left = self.cfg.train.max_steps - step
+        return clock(round(left * seconds / steps)) if steps > 0 else "?"
+
+    def validation(self, step: int, val: dict, grid: Callable[[], torch.Tensor]) -> dict[str, float]:
+        """An evaluation: `val` as `evaluate` gives it; `grid` draws the reconstruction grid (rank 0 only).
+        Returns the scalars."""
+        scalars = {f"val/{k}": val[k] for k in SCALARS}
         if not self.main:
-            return
-        self.logger.log({f"val/{k}": val[k] for k in SCALARS}, step)
+            return scalars
+        self.logger.log(scalars, step)
         self.logger.log_image("val/reconstruction", grid(), step)
         line = (
             f"step {step}/{self.cfg.train.max_steps}  val loss {val['loss']:.4f}  acc {val['acc']:.4f}"
             f"  non-empty acc {val['acc_nonempty']:.4f}  (majority {val['majority_acc']:.4f})"
         )
         self._say(line)
+        return scalars
 
-    def validation_ema(self, step: int, val: dict) -> None:
-        """An evaluation of the EMA weights, on the same masks as `validation`'s."""
+    def validation_ema(self, step: int, val: dict) -> dict[str, float]:
+        """An evaluation of the EMA weights, on the same masks as `validation`'s. Returns the scalars."""
+        scalars = {f"val_ema/{k}": val[k] for k in SCALARS if k in val}
         if not self.main:
-            return
-        self.logger.log({f"val_ema/{k}": val[k] for k in SCALARS if k in val}, step)
+            return scalars
+        self.logger.log(scalars, step)
         self._say(
             f"step {step}/{self.cfg.train.max_steps}  EMA val loss {val['loss']:.4f}  acc {val['acc']:.4f}"
             + (f"  non-empty acc {val['acc_nonempty']:.4f}" if "acc_nonempty" in val else "")
         )
+        return scalars
 
     def probe(self, step: int, accuracies: dict[str, float]) -> None:
         """An online probe: `accuracies` as probe.OnlineProbe gives them ({"probe/knn_acc", "probe/linear_acc"})."""
@@ -132,6 +144,17 @@ class Reporter:
         if run_dir is not None:
             with open(Path(run_dir) / "compile_check.txt", "a") as f:
                 f.write(check.line() + "\n")
+
+    def checkpoint(self, kind: str, path: Path) -> None:
+        """A checkpoint written (`kind` last or best) to the loggers that keep its path; a logger
+        without `log_checkpoint` is passed over."""
+        if self.main and hasattr(self.logger, "log_checkpoint"):
+            self.logger.log_checkpoint(kind, path)
+
+    def stopped(self, line: str) -> None:
+        """The line of a run that a callback stopped."""
+        if self.main:
+            self._say(line)
 
     def _say(self, line: str) -> None:
         """One console line. If stdout's reader has gone, say nothing more (stdout -> /dev/null, so the
