@@ -169,6 +169,27 @@ WeightsOpt = typer.Option(
     "--weights",
     help="ema | raw: a checkpoint's EMA weights (the default when it has them) or its trained weights.",
 )
+
+
+def model_arg(flag: str):
+    """The parser of a model option (`--checkpoint`, `--init`, `--classifier`): the text as typed, checked
+    before it becomes a Path (which would read `./mnist` and `mnist/` as `mnist`): a path that is not
+    there and ends in a shipped model's name is refused in one line (pretrained.check_model_arg)."""
+
+    def parse(text: str) -> Path:
+        from vitmask.pretrained import check_model_arg
+
+        check_model_arg(text, flag)
+        return Path(text)
+
+    return parse
+
+
+def model_option(flag: str) -> dict:
+    """typer.Option's arguments of a model option: its parser (`model_arg`), shown as PATH."""
+    return {"parser": model_arg(flag), "metavar": "PATH"}
+
+
 CHECKPOINT_HELP = (
     "A .pt checkpoint written by vitmask train, an export dir written by vitmask export, or the name of a model "
     "shipped with vitmask (vitmask models lists them; a file or folder of that name wins)."
@@ -193,6 +214,7 @@ def train(
     init: Path = typer.Option(
         None,
         "--init",
+        **model_option("--init"),
         help="Start a new run (step 0, fresh optimizer and schedule) from these weights: a full export dir "
         "written by vitmask export, a .pt checkpoint, or a shipped model's name (vitmask models). The config's "
         "model must be the same. Not with --resume.",
@@ -218,7 +240,7 @@ def train(
 
 @app.command("eval")
 def eval_(
-    checkpoint: Path = typer.Option(..., "--checkpoint", help=CHECKPOINT_HELP),
+    checkpoint: Path = typer.Option(..., "--checkpoint", help=CHECKPOINT_HELP, **model_option("--checkpoint")),
     split: str = typer.Option(
         "val", "--split", help="val | test | train: the split scored (the baselines are fitted on train)."
     ),
@@ -315,7 +337,7 @@ def eval_(
 
 @app.command()
 def probe(
-    checkpoint: Path = typer.Option(..., "--checkpoint", help=CHECKPOINT_HELP),
+    checkpoint: Path = typer.Option(..., "--checkpoint", help=CHECKPOINT_HELP, **model_option("--checkpoint")),
     split: str = typer.Option("test", "--split", help="val | test: where the probes are scored."),
     layer: list[int] = typer.Option(
         [],
@@ -356,7 +378,7 @@ def probe(
 
 @app.command()
 def reconstruct(
-    checkpoint: Path = typer.Option(..., "--checkpoint", help=CHECKPOINT_HELP),
+    checkpoint: Path = typer.Option(..., "--checkpoint", help=CHECKPOINT_HELP, **model_option("--checkpoint")),
     out: Path = typer.Option(..., "--out", help="The PNG to write, e.g. recon.png."),
     n: int = typer.Option(16, "--n", help="Images in the grid (one column each)."),
     mask_ratio: float = typer.Option(None, "--mask-ratio", help="Share of patches masked; default the config's."),
@@ -372,7 +394,7 @@ def reconstruct(
 
 @app.command()
 def inpaint(
-    checkpoint: Path = typer.Option(..., "--checkpoint", help=CHECKPOINT_HELP),
+    checkpoint: Path = typer.Option(..., "--checkpoint", help=CHECKPOINT_HELP, **model_option("--checkpoint")),
     image: Path = typer.Option(..., "--image", help="Your image (PNG, JPEG, BMP); preprocessed as in training."),
     box: list[str] = typer.Option(
         [],
@@ -423,7 +445,7 @@ def inpaint(
 
 @app.command()
 def sample(
-    checkpoint: Path = typer.Option(..., "--checkpoint", help=CHECKPOINT_HELP),
+    checkpoint: Path = typer.Option(..., "--checkpoint", help=CHECKPOINT_HELP, **model_option("--checkpoint")),
     out: Path = typer.Option(..., "--out", help="The PNG grid to write, e.g. samples.png."),
     n: int = typer.Option(64, "--n", help="Images to generate."),
     steps: int = typer.Option(64, "--steps", help="Rounds of decoding (at most one per patch: N is exact sampling)."),
@@ -449,7 +471,10 @@ def sample(
 def count_params(
     config: Path = ConfigOpt,
     checkpoint: Path = typer.Option(
-        None, "--checkpoint", help="Count the model of a checkpoint (or an export dir, or a shipped model's name)."
+        None,
+        "--checkpoint",
+        help="Count the model of a checkpoint (or an export dir, or a shipped model's name).",
+        **model_option("--checkpoint"),
     ),
     overrides: list[str] = SetOpt,
 ) -> None:
@@ -480,7 +505,7 @@ def preview(
 
 @app.command()
 def export(
-    checkpoint: Path = typer.Option(..., "--checkpoint", help=CHECKPOINT_HELP),
+    checkpoint: Path = typer.Option(..., "--checkpoint", help=CHECKPOINT_HELP, **model_option("--checkpoint")),
     out: Path = typer.Option(..., "--out", help="The export dir to write: a new or empty folder."),
     weights: str = WeightsOpt,
     encoder_only: bool = typer.Option(
@@ -506,6 +531,7 @@ def finetune(
     checkpoint: Path = typer.Option(
         None,
         "--checkpoint",
+        **model_option("--checkpoint"),
         help="The pretrained model: a .pt checkpoint, an export dir or a shipped model's name such as mnist "
         "(EMA weights if present).",
     ),
@@ -543,6 +569,7 @@ def predict(
     checkpoint: Path = typer.Option(
         ...,
         "--checkpoint",
+        **model_option("--checkpoint"),
         help="A fine-tuned classifier: vitmask finetune's .pt checkpoint, its export dir, or a shipped "
         "classifier's name (mnist-classifier).",
     ),
@@ -748,12 +775,14 @@ def demo(
     checkpoint: Path = typer.Option(
         None,
         "--checkpoint",
+        **model_option("--checkpoint"),
         help="The masked-patch model the page fills and samples with: a .pt checkpoint, an export dir or a "
         "shipped model's name (default: the shipped model mnist).",
     ),
     classifier: Path = typer.Option(
         None,
         "--classifier",
+        **model_option("--classifier"),
         help="A fine-tuned classifier for the page's classify panel: vitmask finetune's checkpoint, its export "
         "or a shipped classifier's name (default: mnist-classifier beside the shipped model; none with --checkpoint).",
     ),

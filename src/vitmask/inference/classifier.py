@@ -28,6 +28,7 @@ import torch
 from vitmask.data.patches import patchify
 from vitmask.data.processor import ImageProcessor, ProcessedImages, check_path, short
 from vitmask.errors import UserError
+from vitmask.pretrained import check_model_arg
 from vitmask.runtime.process import api_device
 from vitmask.store.classifier import ClassLabels, LoadedClassifier, load_classifier_model
 
@@ -162,9 +163,11 @@ def model_pixels(images, processor: ImageProcessor, fit: str | None) -> torch.Te
     return pixels
 
 
-def check_load_arguments(path, weights) -> None:
-    """The path and weights of a loader: a path (processor.check_path), and None, ema or raw."""
+def check_load_arguments(path, weights, call: str) -> None:
+    """The path and weights of the loader `call`: a path (processor.check_path; one written as a path
+    never names a shipped model: pretrained.check_model_arg), and None, ema or raw."""
     check_path(path)
+    check_model_arg(path, call=call)
     if weights is not None and not isinstance(weights, str):
         raise UserError(f"weights must be 'ema', 'raw' or None, got {short(weights)} (type {type(weights).__name__})")
 
@@ -174,6 +177,6 @@ def load_classifier(
 ) -> ImageClassifier:
     """A fine-tuning checkpoint or a classifier's export dir as an `ImageClassifier`, in eval mode on `device`
     (cpu, cuda, cuda:K or auto). `weights` ema | raw picks a checkpoint's (default: the EMA's when it has them)."""
-    check_load_arguments(path, weights)
+    check_load_arguments(path, weights, "load_classifier")
     device = api_device(device)
     return ImageClassifier(load_classifier_model(path, device, weights, flag="weights"))

@@ -150,7 +150,7 @@ def layer_argument(layer):
 def load_masked_model(path: str | Path, device: torch.device | str = "cpu", weights: str | None = None) -> MaskedModel:
     """A masked-patch checkpoint or export dir as a `MaskedModel`, in eval mode on `device` (cpu, cuda,
     cuda:K or auto). `weights` ema | raw picks a checkpoint's (default: the EMA's when it has them)."""
-    check_load_arguments(path, weights)
+    check_load_arguments(path, weights, "load_masked_model")
     device = api_device(device)
     loaded = load_model(path, device, weights, need_head=False, flag="weights")
     return MaskedModel(loaded.model, loaded.config)

@@ -14,10 +14,17 @@ classifier's: store/classifier.py), plus:
 
 `scripts/build_pretrained.py` (`make pretrained`) builds every folder.
 
-What a user passes where a checkpoint goes (`resolve_model_path`): an existing path always wins;
-else a shipped model's name gives its folder here; else a bare name (no path separator, no file
-suffix) is one line listing the shipped names; anything else is returned unchanged, for its loader
-to say what is wrong. This module imports the standard library and errors only.
+What a user passes where a checkpoint goes: a path never becomes a name. Anything written as a
+path (`written_as_path`: a `pathlib.Path` or other os.PathLike object, or text with a path separator
+`/` or `\\`, a leading dot or a trailing separator: `./mnist`, `mnist/`, `runs/x`) is a path, and
+where nothing is there and its last part is a shipped model's name, `check_model_arg` refuses it in
+one line saying that a shipped model is named without a path (`--checkpoint mnist`,
+`load_pretrained("mnist")`). Every entry point calls it on the argument as the user wrote it (the
+command line's model options, the Python loaders), before anything turns the text into a `Path`.
+Then `resolve_model_path`: an existing path always wins; else a shipped model's name gives its
+folder here; else a bare name (no path separator, no file suffix) is one line listing the shipped
+names; anything else is returned unchanged, for its loader to say what is wrong. This module
+imports the standard library and errors only.
 """
 
 import json
@@ -109,6 +116,44 @@ def is_bare_name(text: str) -> bool:
     return bool(text) and text not in (".", "..") and not any(s in text for s in seps) and not Path(text).suffix
 
 
+PATH_SEPARATORS = {"/", "\\", os.sep} | ({os.altsep} if os.altsep else set())
+
+
+def written_as_path(path: str | os.PathLike) -> bool:
+    """Whether `path` is written as a path, which never names a shipped model: any os.PathLike object
+    (a `pathlib.Path`), or text with a path separator (`/` or `\\`: `runs/x`, `mnist/`) or a leading dot
+    (`./mnist`, `.`). Only a bare name in a str (`mnist`) may name a shipped model."""
+    if not isinstance(path, str):
+        return True
+    return path.startswith(".") or any(s in path for s in PATH_SEPARATORS)
+
+
+def check_model_arg(path: str | os.PathLike, flag: str | None = None, call: str | None = None) -> None:
+    """Refuse a model argument written as a path (`written_as_path`) where nothing is, when its last part
+    is a shipped model's name (`./mnist`, `mnist/`, `Path("shapes")`, `models/mnist`): one line naming
+    the path and saying that a shipped model is named without a path, as `flag` (a command-line option,
+    `--checkpoint`) or `call` (a Python loader, `load_pretrained`) takes it. Any other path that is not
+    there is left to its loader's own "not found"; an existing path, or a bare name, passes."""
+    if not written_as_path(path):
+        return
+    text = os.fspath(path)
+    if not isinstance(text, str) or os.path.lexists(text):
+        return
+    name = Path(text.replace("\\", "/")).name
+    if name not in SHIPPED:
+        return
+    if call is not None:
+        raise UserError(
+            f"{call}: there is nothing at the path {text!r}; a model shipped with vitmask is named by its bare "
+            f'name in a str, without a path: {call}("{name}") (or pass the path of an existing checkpoint or '
+            "export dir)"
+        )
+    raise UserError(
+        f"{flag or '--checkpoint'} {text}: there is nothing at that path; a model shipped with vitmask is named "
+        f"without a path: {flag or '--checkpoint'} {name} (or pass the path of an existing checkpoint or export dir)"
+    )
+
+
 def unknown_name(text: str) -> UserError:
     return UserError(
         f"no file or folder {text} here, and no model of that name ships with vitmask (shipped: "
@@ -127,10 +172,11 @@ def locate(path: str | Path) -> Path | None:
 
 
 def resolve_model_path(path: str | Path) -> Path:
-    """What a user's `--checkpoint` (or `--init`, or a loader's PATH) means: an existing path always
-    wins; else a shipped model's name gives its folder; else a bare name is one line listing the
-    shipped names; anything else comes back unchanged, so its loader's "not found" says what is wrong.
-    Calling it again on what it returned gives the same path."""
+    """What a user's `--checkpoint` (or `--init`, or a loader's PATH) means, once its entry point has
+    checked the argument as written (`check_model_arg`): an existing path always wins; else a shipped
+    model's name gives its folder; else a bare name is one line listing the shipped names; anything
+    else comes back unchanged, so its loader's "not found" says what is wrong. Calling it again on what
+    it returned gives the same path."""
     found = locate(path)
     if found is not None:
         model = SHIPPED.get(str(path))

@@ -46,7 +46,7 @@ from vitmask.data.processor import ImageProcessor
 from vitmask.errors import UserError
 from vitmask.model.vit import MaskedPatchViT, build_model
 from vitmask.outputs import missing_folders_made, nearest_folder, write_error
-from vitmask.pretrained import resolve_model_path
+from vitmask.pretrained import check_model_arg, resolve_model_path
 from vitmask.store import model_files
 from vitmask.store.checkpoint import LoadedModel
 from vitmask.store.model_files import (  # the format's names, read by model_files.py, written here
@@ -98,14 +98,16 @@ def load_pretrained(path: str | Path, device: torch.device | str = "cpu") -> Mas
     patches = model.processor(images).patches  # uint8 (B, H, W) gray images -> (B, N, P) 0/1 pixels
     logits = model(patches, mask)  # (B, N, P) pixels, (B, N) bool -> (B, N, C)
 
-    `path` a str or os.PathLike, or the name of a model shipped with vitmask
-    (`vitmask.load_pretrained("mnist")`); `device` cpu, cuda, cuda:K or auto, checked before anything
+    `path` a str or os.PathLike, or the name of a model shipped with vitmask as a bare str
+    (`vitmask.load_pretrained("mnist")`; a path such as `"./mnist"` or `Path("mnist")` is a path, and
+    one that is not there is refused); `device` cpu, cuda, cuda:K or auto, checked before anything
     is read.
     """
     from vitmask.data.processor import check_path
     from vitmask.runtime.process import api_device
 
     check_path(path)
+    check_model_arg(path, call="load_pretrained")  # a path never becomes a shipped model's name
     device = api_device(device)
     path = resolve_model_path(path)
     if not is_export_dir(path):
