@@ -255,6 +255,8 @@ def value_words(tp: typing.Any) -> list[str]:
         return [w for arm in typing.get_args(tp) for w in value_words(arm)]
     if origin is typing.Literal:
         return [code(str(v)) for v in typing.get_args(tp)]
+    if origin is tuple and typing.get_args(tp)[-1:] == (Ellipsis,):  # a list of any length
+        return ["a list of " + word_list(value_words(typing.get_args(tp)[0]))]
     if origin is tuple:
         return ["[" + ", ".join(word_list(value_words(a)) for a in typing.get_args(tp)) + "]"]
     if tp is bool:

@@ -3,10 +3,12 @@
 A config file has the top-level keys `seed` and `name` and the sections `data`, `mask`, `model`,
 `train` and `finetune`. Each key's meaning is the docstring under its field, from which
 scripts/gen_reference.py writes docs/configuration.md. Keys are addressed with dots
-(`model.hidden_dim`) by `--set KEY=VALUE` overrides, which are applied last. Every check lives in
-a `__post_init__`, so a bad config fails at load with the field's name. Unknown keys are rejected
-with the nearest valid key. Every number must be finite (no NaN or inf) and in its range; seeds
-must be ones torch's generators take (`SEED_RANGE`).
+(`model.hidden_dim`) by `--set KEY=VALUE` overrides, which are applied last. Several files compose
+(`load_config([base, mine])`, `--config base.yaml --config mine.yaml`): a later file's keys win over
+an earlier's, key by key within each section, then the overrides. Every check lives in a
+`__post_init__`, so a bad config fails at load with the field's name. Unknown keys are rejected with
+the nearest valid key (and the file that holds them). Every number must be finite (no NaN or inf)
+and in its range; seeds must be ones torch's generators take (`SEED_RANGE`).
 """
 
 from __future__ import annotations
@@ -35,10 +37,18 @@ def _choices(section: Any, prefix: str) -> None:
     list of a field's choices (a new choice is added there and nowhere else)."""
     hints = typing.get_type_hints(type(section))
     for f in dataclasses.fields(section):
-        options = typing.get_args(hints[f.name]) if typing.get_origin(hints[f.name]) is Literal else ()
-        value = getattr(section, f.name)
-        if options and value not in options:
-            raise UserError(f"config: {prefix}{f.name} must be one of {', '.join(options)}, got {value!r}")
+        tp, value = hints[f.name], getattr(section, f.name)
+        if typing.get_origin(tp) is tuple and typing.get_args(tp)[-1:] == (Ellipsis,):  # a list of choices
+            tp = typing.get_args(tp)[0]
+            values = value if isinstance(value, tuple) else (value,)
+        else:
+            values = (value,)
+        options = typing.get_args(tp) if typing.get_origin(tp) is Literal else ()
+        for v in values if options else ():
+            if v not in options:
+                raise UserError(
+                    f"config: {prefix}{f.name} must be one of {', '.join(options)}, got {v!r}{_near(v, options)}"
+                )
 
 
 def _finite(section: Any, prefix: str) -> None:
@@ -92,6 +102,12 @@ Precision = Literal["fp32", "bf16", "fp16", "auto"]
 CompileMode = Literal["default", "reduce-overhead", "max-autotune"]  # torch.compile(mode=...)
 StepShapes = Literal["auto", "static", "masked"]
 CompileCheck = Literal["stop", "eager", "skip"]
+LoggerName = Literal["tensorboard", "csv", "jsonl", "wandb", "mlflow"]
+EarlyStopMetric = Literal[
+    "val/loss", "val/acc", "val/acc_nonempty", "val/bit_acc", "val_ema/loss", "val_ema/acc", "val_ema/acc_nonempty",
+    "val_ema/bit_acc",
+]  # fmt: skip
+EarlyStopMode = Literal["auto", "min", "max"]
 
 MAX_DEPTH = 1024  # blocks: far beyond any model this trainer is for, and quick to build and count
 
@@ -520,6 +536,21 @@ class TrainConfig:
     """An exponential moving average of the weights, kept in fp32 and updated after every step with
     decay min(ema_decay, (1 + t) / (10 + t)) at update t (0-based; timm's ModelEma warm-up); 0: off;
     in [0, 1) (docs/export.md)."""
+    loggers: tuple[LoggerName, ...] = ("tensorboard",)
+    """Where the run's metrics go, a list of: tensorboard (event files in the run dir), csv
+    (metrics.csv in the run dir), jsonl (metrics.jsonl in the run dir), wandb (Weights & Biases, the
+    wandb extra), mlflow (MLflow, the mlflow extra); [] for none (docs/training.md#loggers)."""
+    early_stop_patience: int = 0
+    """Early stopping: stop after this many validations in a row in which `early_stop_metric` did not
+    improve on its best by more than `early_stop_min_delta`, with last.pt written and best.pt kept;
+    0: off (docs/training.md#early-stopping)."""
+    early_stop_metric: EarlyStopMetric = "val/loss"
+    """Early stopping: the validation metric watched (fine-tuning has val/loss and val/acc; the
+    val_ema ones need `ema_decay`)."""
+    early_stop_mode: EarlyStopMode = "auto"
+    """Early stopping: min (lower is better), max, or auto (max for an accuracy, min for a loss)."""
+    early_stop_min_delta: float = 0.0
+    """Early stopping: the least change of the metric that counts as an improvement; >= 0."""
 
     def __post_init__(self) -> None:
         _finite(self, "train.")
@@ -542,6 +573,24 @@ class TrainConfig:
         _check(0 <= self.min_lr <= self.lr, "train.min_lr", f"must be in [0, train.lr ({self.lr})], got {self.min_lr}")
         _check(self.grad_clip >= 0, "train.grad_clip", f"must be >= 0 (0 = off), got {self.grad_clip}")
         _check(0 <= self.ema_decay < 1, "train.ema_decay", f"must be in [0, 1) (0 = off), got {self.ema_decay}")
+        twice = sorted({k for k in self.loggers if self.loggers.count(k) > 1})
+        _check(not twice, "train.loggers", f"names {', '.join(twice)} more than once; list each logger once")
+        _check(
+            self.early_stop_patience >= 0,
+            "train.early_stop_patience",
+            f"must be >= 0 (validations; 0 = off), got {self.early_stop_patience}",
+        )
+        _check(
+            self.early_stop_min_delta >= 0,
+            "train.early_stop_min_delta",
+            f"must be >= 0, got {self.early_stop_min_delta}",
+        )
+        _check(
+            self.early_stop_patience == 0 or not self.early_stop_metric.startswith("val_ema/") or self.ema_decay > 0,
+            "train.early_stop_metric",
+            f"{self.early_stop_metric} is the EMA's, and train.ema_decay is 0 (no EMA); set train.ema_decay or "
+            "watch a val/ metric",
+        )
 
 
 Pooling = Literal["mean", "grid"]
@@ -680,10 +729,18 @@ def valid_keys() -> list[str]:
     return keys
 
 
-def _unknown(key: str) -> UserError:
+def _unknown(key: str, where: str | Path | None = None) -> UserError:
     near = difflib.get_close_matches(key, valid_keys(), n=1, cutoff=0.5)
     hint = f"; did you mean '{near[0]}'?" if near else f"; valid keys: {', '.join(valid_keys())}"
-    return UserError(f"config: unknown key '{key}'{hint}")
+    return UserError(f"config: unknown key '{key}'{f' in {where}' if where is not None else ''}{hint}")
+
+
+def _near(value: Any, options: typing.Sequence[Any]) -> str:
+    """`; did you mean 'x'?` for a text value close to one of `options`, else nothing."""
+    if not isinstance(value, str):
+        return ""
+    near = difflib.get_close_matches(value, [str(o) for o in options], n=1, cutoff=0.6)
+    return f"; did you mean '{near[0]}'?" if near else ""
 
 
 def _coerce(value: Any, tp: Any, key: str) -> Any:
@@ -703,8 +760,17 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if origin is Literal:
         options = typing.get_args(tp)
         if value not in options or isinstance(value, bool):
-            raise UserError(f"config: {key} must be one of {', '.join(map(str, options))}, got {value!r}")
+            raise UserError(
+                f"config: {key} must be one of {', '.join(map(str, options))}, got {value!r}{_near(value, options)}"
+            )
         return value
+    if origin is tuple and typing.get_args(tp)[-1:] == (Ellipsis,):  # a list of any length; one value: a list of one
+        value = [value] if isinstance(value, str) else value
+        if not isinstance(value, (list, tuple)):
+            raise UserError(
+                f"config: {key} must be a list such as [{_type_name(typing.get_args(tp)[0])}], got {value!r}"
+            )
+        return tuple(_coerce(v, typing.get_args(tp)[0], key) for v in value)
     if origin is tuple:
         args = typing.get_args(tp)
         if not isinstance(value, (list, tuple)) or len(value) != len(args):
@@ -744,6 +810,8 @@ def _type_words(tp: Any) -> list[str]:
         return [w for a in typing.get_args(tp) for w in _type_words(a)]
     if typing.get_origin(tp) is Literal:
         return list(map(str, typing.get_args(tp)))
+    if typing.get_origin(tp) is tuple and typing.get_args(tp)[-1:] == (Ellipsis,):
+        return ["a list of " + _type_name(typing.get_args(tp)[0])]
     if typing.get_origin(tp) is tuple:
         return ["[" + ", ".join(_type_name(a) for a in typing.get_args(tp)) + "]"]
     if tp is bool:
@@ -819,8 +887,52 @@ def _upgrade(raw: dict[str, Any]) -> None:
         train["eval_images"] = batches * EVAL_BATCH if type(batches) is int and batches > 0 else batches
 
 
-def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> Config:
-    """Read a YAML config (safe_load); its name defaults to the file's stem."""
+# keys an older config may hold, read as today's by `_upgrade`
+LEGACY_KEYS = ("train.eval_batches",)
+ConfigSource = str | Path | Config | typing.Mapping[str, Any] | typing.Sequence[str | Path]
+
+
+def load_config(path: ConfigSource, overrides: typing.Sequence[str] = ()) -> Config:
+    """Read a YAML config (safe_load), then apply `KEY=VALUE` overrides; its name defaults to the file's stem.
+
+    A list of files composes them in order: each file's keys win over the earlier files', key by
+    key within each section (a file that sets `train.lr` leaves the other `train` keys as they
+    were), then the overrides. The name is the last `name` a file sets, else the last file's stem.
+    An unknown key is refused naming the file that holds it. A `Config` or a mapping (a config as
+    plain data) is taken as it is, the overrides applied."""
+    if isinstance(path, Config):
+        return config_from_dict(path.to_dict(), overrides)
+    if isinstance(path, typing.Mapping):
+        return config_from_dict(dict(path), overrides)
+    paths = [Path(p) for p in path] if isinstance(path, (list, tuple)) else [Path(path)]
+    if not paths:
+        raise UserError("no config given; pass --config PATH (for example configs/default.yaml)")
+    merged: dict[str, Any] = {}
+    for raw in map(_read_config_file, paths):
+        for key, value in raw.items():
+            if isinstance(value, dict) and isinstance(merged.get(key), dict):
+                merged[key] = {**merged[key], **value}
+            else:
+                merged[key] = dict(value) if isinstance(value, dict) else value
+    merged.setdefault("name", paths[-1].stem)
+    return config_from_dict(merged, overrides)
+
+
+def _check_keys(raw: dict[str, Any], path: Path) -> None:
+    """Refuse a key of the config file `path` that no section has, naming the file."""
+    top = {f.name for f in dataclasses.fields(Config)}
+    for key, value in raw.items():
+        if key not in top:
+            raise _unknown(str(key), path)
+        if key in SECTIONS and isinstance(value, dict):
+            names = {f.name for f in dataclasses.fields(SECTIONS[key])}
+            for sub in value:
+                if sub not in names and f"{key}.{sub}" not in LEGACY_KEYS:
+                    raise _unknown(f"{key}.{sub}", path)
+
+
+def _read_config_file(path: Path) -> dict[str, Any]:
+    """The mapping a YAML config file holds, its keys checked (`_check_keys`)."""
     path = Path(path)
     if path.exists() and not path.is_file():
         raise UserError(f"config {path} is not a file; pass a YAML file, e.g. configs/default.yaml")
@@ -850,8 +962,8 @@ def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> Confi
         raw = {}
     if not isinstance(raw, dict):
         raise UserError(f"config file {path} must hold a mapping of sections (data, mask, model, train)")
-    raw.setdefault("name", path.stem)
-    return config_from_dict(raw, overrides)
+    _check_keys(raw, path)
+    return raw
 
 
 def flatten_config(cfg: Config) -> dict[str, Any]:

@@ -232,14 +232,16 @@ class ClassifierReporter(Reporter):
         super().__init__(*args, **kwargs)
         self.scalars = ("loss", "acc")
 
-    def validation(self, step: int, val: dict, grid=None) -> None:
+    def validation(self, step: int, val: dict, grid=None) -> dict[str, float]:
+        scalars = {"val/loss": val["loss"], "val/acc": val["acc"]}
         if not self.main:
-            return
-        self.logger.log({"val/loss": val["loss"], "val/acc": val["acc"]}, step)
+            return scalars
+        self.logger.log(scalars, step)
         self._say(
             f"step {step}/{self.cfg.train.max_steps}  val loss {val['loss']:.4f}  acc {val['acc']:.4f}"
             f"  (majority {val['majority_acc']:.4f})"
         )
+        return scalars
 
 
 class BaselineReporter(ClassifierReporter):
@@ -275,6 +277,9 @@ class FinetuneTrainer(Trainer):
     finetune.per_class images of each class of each split first (`self.data`: what it reads).
     `baseline`: the name of the baseline this run is (no run dir): its console shows its progress only
     (`BaselineReporter`)."""
+
+    VALIDATION_SCALARS = ("loss", "acc")  # logged as val/loss, val/acc (ClassifierReporter)
+    VERB = "finetune"
 
     def __init__(
         self,

@@ -63,9 +63,7 @@ class Reporter:
         """The loop is over (or stopped): close the progress bar."""
         self.bar.close()
 
-    def train(
-        self, step: int, metrics: dict[str, float], grad_norm: float, lr: float, images: int
-    ) -> dict[str, float]:
+    def train(self, step: int, metrics: dict[str, float], grad_norm: float, lr: float, images: int) -> dict[str, float]:
         """A training window: `metrics` as MaskedPatchMetrics.read gives them, the mean gradient norm,
         the lr of the last step and the images trained on since the last window. Returns the scalars."""
         now = time.perf_counter()

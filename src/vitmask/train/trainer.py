@@ -16,6 +16,12 @@ the raw weights, best.pt following its validation loss). A new run may start fro
 (`init`, store/init_weights.py: `vitmask train --init`); where they came from is kept in every
 checkpoint as `init`.
 
+Callbacks (callbacks.py, `self.callbacks`: the config's early stopping, then the caller's): their
+hooks run on logging steps, after validations, after checkpoints, at the start and at the end; a
+stop one asks for (`request_stop`) or an error one raises is acted on after the step, once its
+evaluations and checkpoint are done, with last.pt written. Their state is kept in every checkpoint.
+A run that ends by itself leaves its `TrainResult` in `self.result` (result.py).
+
 What is trained is a hook: `build_network`, `build_optimization`, `build_sampler`,
 `build_validator` and `forward_loss` make the masked-patch task here; a subclass swaps them for
 another task on the same loop, checkpoints, resume and signals (finetune.FinetuneTrainer).
@@ -35,21 +41,23 @@ import torch.nn.functional as F
 from vitmask.config import Config
 from vitmask.data.batches import Batch, BatchSampler, training_images
 from vitmask.errors import Stopped, UserError, warn
-from vitmask.evaluate.metrics import MaskedPatchMetrics
+from vitmask.evaluate.metrics import SCALARS, MaskedPatchMetrics
 from vitmask.model.vit import build_model
 from vitmask.progress import note
 from vitmask.runtime import distributed, process
 from vitmask.runtime.distributed import World
 from vitmask.signals import StopSignals, interrupted
-from vitmask.store.checkpoint import load_model_state, load_optimizer_state
+from vitmask.store.checkpoint import load_model_state, load_optimizer_state, step_path
 from vitmask.store.init_weights import InitWeights
 from vitmask.store.saving import Checkpointer
 from vitmask.train import parity, sdpa
+from vitmask.train.callbacks import EarlyStopping, callback_error
 from vitmask.train.compile_check import CompileCheck, device_name
 from vitmask.train.divergence import DivergenceWatch
 from vitmask.train.ema import WeightEMA
 from vitmask.train.optim import build_optimizer, build_scheduler
 from vitmask.train.report import Reporter
+from vitmask.train.result import MAX_STEPS, TrainResult
 from vitmask.train.validation import Validator
 
 EVALUATIONS = ("validation", "probe")  # what may run after a step, in this order; a stop may cut either short
@@ -93,6 +101,9 @@ def static_step(cfg: Config) -> bool:
 
 
 class Trainer:
+    VALIDATION_SCALARS = SCALARS  # the validation's metrics, logged as val/<name> (and val_ema/<name>)
+    VERB = "train"  # the command that resumes its runs
+
     def __init__(
         self,
         cfg: Config,
@@ -136,6 +147,13 @@ class Trainer:
         self.run_dir: Path | None = None  # where fit writes, when it writes
         self.last_val: dict[str, dict[str, float]] = {}  # the last validation's numbers ("raw", "ema"), saved
         self.pending: tuple[str, ...] = ()  # this step's EVALUATIONS a stop cut short (saved; redone on resume)
+        self.callbacks: list = self.config_callbacks()  # callbacks.py; the caller may add its own
+        self.stop_reason: str | None = None  # a stop a callback asked for, acted on after its step
+        self._callback_failure: tuple[str, Exception] | None = None  # (hook, error), acted on after its step
+        self.logged_val: dict[str, float] = {}  # the last validation's scalars as logged (val/..., val_ema/...)
+        self.best_metrics: dict[str, float] = {}  # the scalars of the validation best.pt holds, and its step
+        self.best_step: int | None = None
+        self.result: TrainResult | None = None  # set when fit ends by itself
 
     # ---- the task (hooks) -------------------------------------------------------------------
     def build_network(self) -> torch.nn.Module:
@@ -229,6 +247,30 @@ class Trainer:
         finally:
             self.net, self.cuda_graphs = compiled, cuda_graphs
 
+    def validation_metrics(self) -> list[str]:
+        """The names of the metrics each validation gives the loggers and the callbacks."""
+        names = [f"val/{k}" for k in self.VALIDATION_SCALARS]
+        return names + ([f"val_ema/{k}" for k in self.VALIDATION_SCALARS] if self.ema is not None else [])
+
+    def config_callbacks(self) -> list:
+        """The callbacks the config asks for: early stopping (`train.early_stop_*`), its metric one of
+        this run's validation metrics."""
+        stopping = EarlyStopping.from_config(self.cfg.train)
+        if stopping is None:
+            return []
+        names = self.validation_metrics()
+        if stopping.metric not in names:
+            raise UserError(
+                f"config: train.early_stop_metric {stopping.metric} is not a metric of this run's validations; "
+                f"use one of {', '.join(names)}"
+            )
+        return [stopping]
+
+    def request_stop(self, reason: str) -> None:
+        """Stop the run after the current step (its evaluations and checkpoint as due), writing last.pt;
+        `reason` is the line that says why (the first reason given is kept)."""
+        self.stop_reason = self.stop_reason or " ".join(str(reason).split()) or "a stop was asked for"
+
     def evaluate(self, max_batches: int | None = None, ratio: float | None = None) -> dict[str, float]:
         """Validation metrics at `ratio` (default mask.ratio) on the validation images (train.eval_images of
         val; their first `max_batches` batches of 256, when given)."""
@@ -252,8 +294,28 @@ class Trainer:
             "init": self.init,
             "pending": list(self.pending),
             "divergence": self.divergence.state_dict(),
+            "best": {"step": self.best_step, "metrics": dict(self.best_metrics)},
+            "callbacks": self._callback_states(),
             **({"ema": self.ema.state_dict()} if self.ema is not None else {}),
         }
+
+    def _callback_keys(self) -> list[str]:
+        """Each callback's key in a checkpoint: its class name, `Name#2` for the second of a class, ..."""
+        seen: dict[str, int] = {}
+        keys = []
+        for cb in self.callbacks:
+            name = type(cb).__name__
+            seen[name] = seen.get(name, 0) + 1
+            keys.append(name if seen[name] == 1 else f"{name}#{seen[name]}")
+        return keys
+
+    def _callback_states(self) -> dict:
+        states = {}
+        for key, cb in zip(self._callback_keys(), self.callbacks, strict=True):
+            state = cb.state_dict() if hasattr(cb, "state_dict") else None
+            if isinstance(state, dict):
+                states[key] = state
+        return states
 
     def load_state_dict(self, state: dict) -> None:
         load_model_state(self.model, state["model"])
@@ -272,6 +334,13 @@ class Trainer:
         self.pending = tuple(n for n in pending if n in EVALUATIONS) if isinstance(pending, list) else ()
         if isinstance(state.get("divergence"), dict):  # absent from older checkpoints: a new reference
             self.divergence.load_state_dict(state["divergence"])
+        best = state.get("best")  # absent from older checkpoints
+        if isinstance(best, dict) and isinstance(best.get("metrics"), dict):
+            self.best_step, self.best_metrics = best.get("step"), dict(best["metrics"])
+        saved = state.get("callbacks") if isinstance(state.get("callbacks"), dict) else {}
+        for key, cb in zip(self._callback_keys(), self.callbacks, strict=True):
+            if isinstance(saved.get(key), dict) and hasattr(cb, "load_state_dict"):
+                cb.load_state_dict(saved[key])
         if self.ema is not None:
             if not isinstance(state.get("ema"), dict):
                 raise UserError("the checkpoint holds no EMA weights (an 'ema' entry) although train.ema_decay is set")
@@ -292,13 +361,15 @@ class Trainer:
         self.reporter.start(self.step, progress)
         val: dict[str, float] = {}
         with StopSignals() as stop:
+            self._start_callbacks()
+            ended = False  # a callback asked for a stop
             if self.pending:  # resumed from a stop that cut this step's evaluations short: redo them
                 val = self._evaluations(checkpointer, self.pending) or val
                 saved = not self.pending and checkpointer.due(self.step)  # as the unbroken run saved after them
                 if saved:
                     self._save(checkpointer)
-                self._stop_if_asked(stop, checkpointer, saved)
-            while self.step < train.max_steps:
+                ended = self._stop_if_asked(stop, checkpointer, saved)
+            while self.step < train.max_steps and not ended:
                 self._run_step()
                 self.reporter.advance()
                 last = self.step == train.max_steps
@@ -312,12 +383,70 @@ class Trainer:
                 saved = checkpointer.due(self.step)
                 if saved:
                     self._save(checkpointer)
-                self._stop_if_asked(stop, checkpointer, saved)
+                ended = self._stop_if_asked(stop, checkpointer, saved)
         self.reporter.end()
         if not val:
             val = self.evaluate()
         self.reporter.hparams(val, self.validator.best_loss, self.step, self.init)
+        self.result = self._result(checkpointer, val)
+        self._hook("on_end", self.result)
+        if self._callback_failure is not None:
+            raise self._failed(checkpointer, self.result.last_checkpoint)
         return val
+
+    def _result(self, checkpointer: Checkpointer, val: dict[str, float]) -> TrainResult:
+        """The TrainResult of the run that has just ended by itself."""
+        run_dir, max_steps = checkpointer.run_dir, self.cfg.train.max_steps
+        early = self.stop_reason is not None and self.step < max_steps
+        final = self.logged_val or {f"val/{k}": float(val[k]) for k in self.VALIDATION_SCALARS if k in val}
+        best = run_dir / "best.pt" if run_dir is not None else None
+        return TrainResult(
+            run_dir=run_dir,
+            step=self.step,
+            stop_reason=self.stop_reason if early else MAX_STEPS,
+            stopped_early=early,
+            final_metrics=dict(final),
+            best_metrics=dict(self.best_metrics),
+            best_step=self.best_step,
+            best_checkpoint=best if best is not None and best.is_file() else None,
+            last_checkpoint=checkpointer.last if run_dir is not None and checkpointer.last.is_file() else None,
+        )
+
+    # ---- callbacks ---------------------------------------------------------------------------
+    def _hook(self, name: str, *args) -> None:
+        """Call hook `name` of every callback that has it, in order. A returned reason asks for a stop
+        (`request_stop`); an exception is kept, and after it no hook runs: both are acted on after the
+        step (`_stop_if_asked`)."""
+        if self._callback_failure is not None:
+            return
+        for cb in self.callbacks:
+            hook = getattr(cb, name, None)
+            if hook is None:
+                continue
+            try:
+                asked = hook(*args)
+            except Exception as e:
+                self._callback_failure = (f"{type(cb).__name__}.{name}", e)
+                return
+            if asked and name != "on_end":
+                self.request_stop(
+                    asked if isinstance(asked, str) else f"a stop asked for by {type(cb).__name__}.{name}"
+                )
+
+    def _start_callbacks(self) -> None:
+        """on_start; one that raises ends the run before its first step."""
+        self._hook("on_start", self)
+        if self._callback_failure is not None:
+            self.reporter.end()
+            hook, error = self._callback_failure
+            raise callback_error(hook, error, self.step, self.run_dir, None, False, self.VERB) from error
+
+    def _failed(self, checkpointer: Checkpointer, path: Path | None):
+        """The CallbackError of the hook that raised (on this rank, or another's), after the checkpoint `path`."""
+        hook, error = self._callback_failure or ("of another rank", RuntimeError("see that rank's error"))
+        failure = callback_error(hook, error, self.step, checkpointer.run_dir, path, True, self.VERB)
+        failure.__cause__ = error
+        return failure
 
     def _run_step(self) -> None:
         """One step of the loop; with train.compile, a failure to compile the first one is a UserError,
@@ -360,10 +489,11 @@ class Trainer:
         self.divergence.check(self.world)
         self.divergence.grad_norm(self.step, grad_norm, metrics.get("loss", math.nan))
         images = self._steps_since_log * self.cfg.data.batch_size
-        self.reporter.train(self.step, metrics, grad_norm, self._lr, images)
+        scalars = self.reporter.train(self.step, metrics, grad_norm, self._lr, images)
         self.train_metrics.reset()
         self._grad_norm_sum.zero_()
         self._steps_since_log = 0
+        self._hook("on_step_end", self.step, dict(scalars))
 
     def _evaluations(self, checkpointer: Checkpointer, due: tuple[str, ...]) -> dict[str, float]:
         """Run the EVALUATIONS `due` at this step, in order; return the validation's metrics ({} if
@@ -390,16 +520,21 @@ class Trainer:
         val = self.evaluate()
         ema = self.validator.evaluate(self.ema.module) if self.ema is not None else None
         grid = self.validator.reconstruction(self.model) if self.world.main else None  # drawn on rank 0 only
-        self.reporter.validation(self.step, val, lambda: grid)
+        logged = dict(self.reporter.validation(self.step, val, lambda: grid))
         watched = val  # what best.pt follows: the EMA's validation loss when there is an EMA
         self.last_val = {"raw": plain_numbers(val)}
         if ema is not None:
             watched = ema
-            self.reporter.validation_ema(self.step, watched)
+            logged.update(self.reporter.validation_ema(self.step, watched))
             self.last_val["ema"] = plain_numbers(watched)
+        self.logged_val = logged
         self.pending = tuple(p for p in self.pending if p != "validation")  # done: best.pt holds it whole
+        self._hook("on_validation_end", self.step, dict(logged))  # before best.pt, which keeps the callbacks' state
         if self.validator.improved(watched):
+            self.best_metrics, self.best_step = dict(logged), self.step
             checkpointer.save_best(self.state_dict)
+            if checkpointer.run_dir is not None:
+                self._checkpointed("best", checkpointer.run_dir / "best.pt", checkpointer.run_dir / "best.pt")
         return val
 
     def _probe(self) -> None:
@@ -409,12 +544,38 @@ class Trainer:
     def _save(self, checkpointer: Checkpointer) -> Path:
         """Check the loss stayed finite, then write step_<step>.pt and last.pt."""
         self.divergence.check(self.world)
-        return checkpointer.save(self.state_dict)
+        last = checkpointer.save(self.state_dict)
+        self._checkpointed("last", last, step_path(checkpointer.run_dir, self.step))
+        return last
 
-    def _stop_if_asked(self, stop: StopSignals, checkpointer: Checkpointer, saved: bool) -> None:
-        """Stop when any rank got a signal or lost its stdout (a CPU collective, not a GPU sync)."""
-        if distributed.any_rank(stop.received is not None or self.reporter.stdout_closed, self.world):
+    def _checkpointed(self, kind: str, path: Path, written: Path) -> None:
+        """A checkpoint was written: its path (`path`: last.pt or best.pt) to the loggers, the file
+        written (`written`: step_<step>.pt or best.pt) to the callbacks' on_checkpoint (rank 0)."""
+        self.reporter.checkpoint(kind, path)
+        if self.world.main:
+            self._hook("on_checkpoint", written)
+
+    def _stop_if_asked(self, stop: StopSignals, checkpointer: Checkpointer, saved: bool) -> bool:
+        """Stop when any rank got a signal or lost its stdout (Interrupted), or when a callback raised
+        (CallbackError) or asked for a stop (returns True: the run ends), with last.pt written. One CPU
+        collective a step (not a GPU sync); more only on the way to a stop."""
+        signalled = stop.received is not None or self.reporter.stdout_closed
+        asked = self.stop_reason is not None or self._callback_failure is not None
+        if not distributed.any_rank(signalled or asked, self.world):
+            return False
+        if distributed.any_rank(signalled, self.world):
             self._stop(self._stop_cause(stop), checkpointer, saved)
+        path = None if checkpointer.run_dir is None else checkpointer.last if saved else self._save(checkpointer)
+        if distributed.any_rank(self._callback_failure is not None, self.world):
+            self.reporter.end()
+            raise self._failed(checkpointer, path)
+        self.stop_reason = self.stop_reason or "a stop asked for on another rank"
+        if self.step < self.cfg.train.max_steps:
+            where = f"; checkpoint written to {path}" if path is not None else "; no run dir, so nothing was saved"
+            self.reporter.stopped(
+                f"stopped at step {self.step} of {self.cfg.train.max_steps}: {self.stop_reason}{where}"
+            )
+        return True
 
     def _stop_cause(self, stop: StopSignals) -> int:
         """The signal a stop is reported as: the one received, SIGPIPE for a closed stdout, or SIGTERM
