@@ -156,3 +156,30 @@ def test_make_docs_images_writes_the_pictures_and_numbers(run_cli, ckpt, tmp_pat
     cfg = load_model(ckpt).config
     again = binarize_images(load_image_file(out / "inpaint_input.png").unsqueeze(0), cfg.data)[0]
     assert torch.equal(again, load_splits(cfg)["test"][0])
+
+
+@pytest.mark.parametrize(
+    "make, said",
+    [
+        (lambda p: p, "checkpoint not found"),
+        (lambda p: p.write_bytes(b""), "cannot read checkpoint"),
+        (lambda p: p.write_text("a text file, no model\n"), "cannot read checkpoint"),
+        (lambda p: p.mkdir(), "is a folder"),
+    ],
+    ids=["missing", "empty file", "text file", "folder without a model"],
+)
+def test_eval_confusion_on_what_is_no_model_says_what_it_is(run_cli, tmp_path, make, said):
+    """--confusion needs a classifier; a path that holds no model at all is refused for that, not
+    called a masked-patch model."""
+    model = tmp_path / "model.pt"
+    make(model)
+    res = run_cli("eval", "--checkpoint", model, "--confusion", tmp_path / "cm.png")
+    assert_user_error(res, "model.pt", said)
+    assert "masked-patch model" not in res.stderr
+    assert not (tmp_path / "cm.png").exists()
+
+
+def test_eval_confusion_on_a_masked_patch_model_says_it_is_one(run_cli, ckpt, tmp_path):
+    res = run_cli("eval", "--checkpoint", ckpt, "--confusion", tmp_path / "cm.png")
+    assert_user_error(res, "--confusion", f"{ckpt} is a masked-patch model")
+    assert not (tmp_path / "cm.png").exists()

@@ -63,6 +63,7 @@ from vitmask.store.checkpoint import (
 from vitmask.store.export import load_model
 from vitmask.store.init_weights import check_flags as init_weights_check
 from vitmask.store.init_weights import load_init
+from vitmask.store.model_files import open_model_files
 from vitmask.train.loggers import TensorBoardLogger
 from vitmask.train.trainer import Trainer
 
@@ -279,6 +280,7 @@ def evaluate_checkpoint(
                 )
         return evaluate_classifier(path, split, device_name, weights, confusion)
     if confusion is not None:
+        open_model_files(path)  # what is not a model at all (missing, empty, text, a folder without one) says so first
         raise UserError(
             f"--confusion draws a fine-tuned classifier's confusion matrix, and {path} is a masked-patch model; "
             "leave --confusion out, or pass a classifier (vitmask finetune's checkpoint or its export)"
