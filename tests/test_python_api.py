@@ -524,6 +524,9 @@ def test_processed_images_of_another_size_or_kind_are_refused_naming_the_size(fi
         ([[True, False], [True]], "cannot be read as an array of bools"),
         (torch.empty(64, dtype=torch.bool, device="meta"), "on the meta device"),
         (torch.zeros(64, dtype=torch.bool).to_sparse(), "torch.sparse_coo tensor"),
+        ([], r"the mask is empty \(shape \(0,\)\)"),
+        ((), "the mask is empty"),
+        (np.zeros((2, 0), bool), r"the mask is empty \(shape \(2, 0\)\)"),
     ],
     ids=case_id,
 )
@@ -561,6 +564,8 @@ def test_a_mask_of_integers_or_lists_is_read_as_bools(pretrained):
         ({"layer": 1.0}, "layer must be None"),
         ({"layer": 3}, "layer=3 is out of range: the model has 2 blocks"),
         ({"layer": -1}, "layer=-1 is out of range"),
+        ({"layer": []}, r"layer=\[\] names no layer; leave layer=None"),
+        ({"layer": ()}, r"layer=\(\) names no layer"),
         ({"fit": "stretch"}, "fit must be one of pad, resize, center_crop, none, got 'stretch'"),
     ],
     ids=str,
@@ -569,6 +574,31 @@ def test_feature_arguments_of_another_type_or_range_are_one_line(pretrained, kwa
     model = vitmask.load_masked_model(pretrained)
     with pytest.raises(UserError, match=needle):
         model.features(gray_images(1), **kwargs)
+
+
+def test_layer_none_is_the_final_normalised_tokens(pretrained):
+    """The default, None, is the encoder's final normalised tokens: not any block's raw output."""
+    model = vitmask.load_masked_model(pretrained)
+    images = gray_images(3)
+    final = model.features(images, layer=None, pool="mean")
+    assert torch.equal(final, model.features(images, pool="mean"))
+    patches = model.processor(images).patches.to(model.device)
+    with torch.no_grad():
+        want = model.model.forward_encoder(patches).mean(1).cpu()
+    assert torch.allclose(final, want, atol=1e-6)
+    assert not torch.allclose(final, model.features(images, layer=2, pool="mean"))
+
+
+def test_an_empty_list_of_layers_is_refused_by_the_probes_too():
+    from vitmask.evaluate.probe import check_layer
+    from vitmask.model.pooling import as_layers
+
+    for empty in ([], ()):
+        with pytest.raises(UserError, match="names no layer"):
+            check_layer(empty, 2)
+        with pytest.raises(ValueError, match="names no layer"):
+            as_layers(empty)
+    assert as_layers(None) == (None,) and as_layers([2, 1]) == (2, 1)
 
 
 def test_feature_layers_as_numpy_integers_or_a_list_are_their_values(pretrained):

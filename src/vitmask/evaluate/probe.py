@@ -225,7 +225,14 @@ def named(option: str, value, python: bool) -> str:
 
 
 def check_layer(layer: int | Sequence[int] | None, depth: int, python: bool = False) -> None:
-    """Refuse a layer out of range or given twice; `python`: name it as an argument, not a flag."""
+    """Refuse an empty list of layers, a layer out of range or given twice; `python`: name it as an
+    argument, not a flag (the command line's no --layer is None)."""
+    if layer is not None and not isinstance(layer, int) and len(layer) == 0:
+        what = f"layer={layer!r}" if python else "an empty list of --layer"
+        raise UserError(
+            f"{what} names no layer; leave it out (None) for the final normalised tokens, or name 0 to the "
+            f"model's {depth} blocks"
+        )
     layers = as_layers(layer)
     for k in layers:
         if k is not None and not 0 <= k <= depth:

@@ -98,6 +98,8 @@ class MaskedModel:
             raise UserError(
                 f"the mask is a {values.layout} tensor{' on the meta device' if values.is_meta else ''}; {want}"
             )
+        if values.numel() == 0:
+            raise UserError(f"the mask is empty (shape {tuple(values.shape)}); {want}")
         if values.dtype != torch.bool:
             if values.is_floating_point() or values.is_complex() or not bool(((values == 0) | (values == 1)).all()):
                 raise UserError(f"the mask holds {values.dtype} values other than 0 and 1; {want}")
@@ -139,9 +141,14 @@ def is_integer(value) -> bool:
 
 
 def layer_argument(layer):
-    """`layer` of `features`: None, an integer or a list of integers (as ints), or a UserError."""
+    """`layer` of `features`: None, an integer or a non-empty list of integers (as ints), or a UserError."""
     if layer is None or is_integer(layer):
         return None if layer is None else int(layer)
+    if isinstance(layer, (list, tuple)) and not layer:
+        raise UserError(
+            f"layer={layer!r} names no layer; leave layer=None (the default) for the final normalised tokens, "
+            "or pass an integer or a non-empty list of integers"
+        )
     if isinstance(layer, (list, tuple)) and all(is_integer(k) for k in layer):
         return [int(k) for k in layer]
     raise UserError(f"layer must be None, an integer or a list of integers, got {short(layer)}")

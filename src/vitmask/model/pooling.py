@@ -47,10 +47,14 @@ def pool_visible(tokens: torch.Tensor, keep: torch.Tensor, num_patches: int, gri
 
 
 def as_layers(layer: int | Sequence[int] | None) -> tuple[int | None, ...]:
-    """--layer as a tuple: (None,) for the final normalised tokens, else the blocks in the order given."""
+    """--layer as a tuple: (None,) for the final normalised tokens (None), else the blocks in the order
+    given. An empty sequence names no layer: a ValueError (probe.check_layer refuses it first)."""
     if layer is None:
         return (None,)
-    return (layer,) if isinstance(layer, int) else tuple(layer) or (None,)
+    layers = (layer,) if isinstance(layer, int) else tuple(layer)
+    if not layers:
+        raise ValueError("an empty list of layers names no layer; None is the final normalised tokens")
+    return layers
 
 
 def feature_name(layer: int | Sequence[int] | None, grid: int | None = None, patch_grid: int = 0) -> str:
