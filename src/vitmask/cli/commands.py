@@ -613,12 +613,20 @@ def pack(
         "--verify",
         help="Check the packed dataset DIR whole instead: every file and row against its checksum.",
     ),
+    no_labels: bool = typer.Option(
+        False,
+        "--no-labels",
+        help="Pack the images without labels (classes: null): where the source's labels cannot be used "
+        "(refused without it), or are not wanted.",
+    ),
 ) -> None:
     """Pack the configured source into a bit-packed, memory-mapped dataset (train it with data.source=packed),
     or check one with --verify DIR."""
     if verify is not None:
         if out is not None or config is not None or overrides:
             raise UserError("pack --verify DIR checks a pack and takes no --out, --config or --set; run them apart")
+        if no_labels:
+            raise UserError("pack --no-labels is for writing a pack (--out DIR), not for --verify; run them apart")
         from vitmask.data.packed import verify_packed
 
         done = verify_packed(verify)
@@ -632,7 +640,7 @@ def pack(
         return
     if out is None:
         raise UserError("pack needs --out DIR (the pack to write), or --verify DIR (a pack to check)")
-    header = verbs.pack(config, overrides, out)
+    header = verbs.pack(config, overrides, out, labels=not no_labels)
     splits = ", ".join(f"{k} {v['count']:,}" for k, v in header["splits"].items())
     print(f"wrote {out}: {header['count']:,} images {header['height']}x{header['width']} ({splits})")
 

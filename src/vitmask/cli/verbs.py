@@ -604,13 +604,14 @@ def export(path: Path, out: Path, weights: str | None = None, encoder_only: bool
     return exports.export(path, out, weights, encoder_only, onnx)
 
 
-def pack(config: Path | None, overrides: list[str], out: Path) -> dict:
-    """Pack the configured source into the directory `out` (data/pack.py); return its header."""
+def pack(config: Path | None, overrides: list[str], out: Path, labels: bool = True) -> dict:
+    """Pack the configured source into the directory `out` (data/pack.py; `labels` False: without
+    labels); return its header."""
     from vitmask.data.pack import pack as pack_source
 
     cfg = resolve_config(config, overrides)
     try:
-        return pack_source(cfg, out)
+        return pack_source(cfg, out, labels=labels)
     except OSError as e:
         where = f" under data.path {cfg.data.path}" if cfg.data.source != "shapes" else ""
         raise UserError(f"cannot read the {cfg.data.source} data{where} ({reason(e)}); check data.path") from None

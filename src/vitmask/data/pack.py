@@ -8,6 +8,12 @@ training, then packed chunk by chunk. The train/val/test split is the one traini
 would make (`sources.split_plan`, the config's split seed and fractions), stored as row numbers, so
 a packed dataset trains on the same images in the same order as its source.
 
+The labels are the source's, as training reads them. Labels that are there but cannot be used (a
+labels array or file that cannot be read or does not match the images, labels for some images only:
+`sources.UnusableLabels`) are refused in one line that gives their reason, before anything is
+written, unless `--no-labels` (`labels=False`) asks for a pack without labels; a source that has no
+labels gives a pack without them (`classes: null`) and one note on stderr saying so.
+
 Everything is written into a hidden temporary directory beside `--out` and moved onto it only
 when complete, and only over the pack (or empty folder) that `--out` named when the pack began:
 anything else found there at the end (a file, a folder or a link that appeared meanwhile) is left
@@ -53,7 +59,7 @@ from vitmask.data.packed import (
 from vitmask.data.preprocess import binarize_images, binarize_list
 from vitmask.errors import UserError
 from vitmask.outputs import FileId, OutputTaken, missing_folders_made, nearest_folder, reason
-from vitmask.progress import Progress
+from vitmask.progress import Progress, note
 from vitmask.signals import signals_held
 
 CHUNK = 1 << 16  # images binarized and packed at a time
@@ -97,8 +103,10 @@ def plan_npy(cfg: Config) -> PackPlan:
     return PackPlan({"all": sum(f.count for f in files)}, chunks(), labels, [f.name for f in files], f"npy {d.path}")
 
 
-def plan_in_memory(cfg: Config, seed: int) -> PackPlan:
-    """The other sources, read whole as training reads them (shapes: its own three splits)."""
+def plan_in_memory(cfg: Config, seed: int, want_labels: bool = True) -> PackPlan:
+    """The other sources, read whole as training reads them (shapes: its own three splits). Their
+    labels, unless `want_labels` is False: labels that are there but cannot be used are refused in one
+    line (their reason, and --no-labels), a source without labels is one note saying the pack has none."""
     d = cfg.data
     if d.source == "shapes":
         images, labels = shapes.make_labelled_splits(d.num_train, d.num_val, d.num_test, d.image_size, seed)
@@ -107,11 +115,17 @@ def plan_in_memory(cfg: Config, seed: int) -> PackPlan:
         return PackPlan({k: len(v) for k, v in images.items()}, iter(images.values()), flat, classes, "shapes")
     readers = {"torchvision": sources.read_torchvision, "idx": sources.read_idx, "folder": sources.read_folder}
     raw, labels = {**readers, "npz": sources.read_npz}[d.source](d)
+    what = f"{d.source} {d.name}" if d.source == "torchvision" else f"{d.source} {d.path}"
     flat, classes = None, None
-    if not isinstance(labels, str):
+    if want_labels and isinstance(labels, sources.UnusableLabels):
+        raise UserError(
+            f"the labels of {what} cannot be packed: {labels}; or pass --no-labels to pack the images without labels"
+        )
+    if want_labels and isinstance(labels, str):
+        note(f"vitmask: note: the pack has no labels (classes: null): {labels}")
+    elif want_labels:
         flat = np.concatenate([labels[k].numpy() for k in raw]).astype(np.int32)
         classes = pack_classes(d, int(flat.max()) + 1 if len(flat) else 0)  # the source's names, else the values
-    what = f"{d.source} {d.name}" if d.source == "torchvision" else f"{d.source} {d.path}"
     return PackPlan({k: len(v) for k, v in raw.items()}, _binary_chunks(raw, d), flat, classes, what)
 
 
@@ -202,8 +216,9 @@ def target_of(out: Path) -> Path:
     return Path(os.path.realpath(out)) if out.is_symlink() else out
 
 
-def pack(cfg: Config, out: str | Path, progress: bool = True) -> dict:
-    """Pack the configured source into the directory `out`; return its header."""
+def pack(cfg: Config, out: str | Path, progress: bool = True, labels: bool = True) -> dict:
+    """Pack the configured source into the directory `out`; return its header. `labels` False
+    (`vitmask pack --no-labels`): the pack holds no labels (classes: null), whatever the source has."""
     given = Path(out)
     d = cfg.data
     if d.source == "packed":
@@ -213,17 +228,19 @@ def pack(cfg: Config, out: str | Path, progress: bool = True) -> dict:
     check_out(out)
     replaces = outputs.file_id(out)  # the pack or empty folder given, if any: the only thing the pack may replace
     with missing_folders_made(out):
-        return _pack(cfg, given, out, progress, replaces)
+        return _pack(cfg, given, out, progress, replaces, labels)
 
 
-def _pack(cfg: Config, given: Path, out: Path, progress: bool, replaces: FileId | None) -> dict:
+def _pack(cfg: Config, given: Path, out: Path, progress: bool, replaces: FileId | None, labels: bool = True) -> dict:
     """pack's work, once `out`'s folder exists: the rows into a temp dir beside `out`, renamed into place."""
     d = cfg.data
     seed = cfg.split_seed
     remove_stale_temps(out)
     tmp = out.parent / f".{out.name}{TEMP_MARK}{os.getpid()}"
     try:
-        source = plan_npy(cfg) if d.source == "npy" else plan_in_memory(cfg, seed)
+        source = plan_npy(cfg) if d.source == "npy" else plan_in_memory(cfg, seed, labels)
+        if not labels:
+            source.labels, source.classes = None, None
         count = sum(source.sizes.values())
         if d.source == "shapes":
             plan = {k: (k, None) for k in ("train", "val", "test")}

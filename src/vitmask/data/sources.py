@@ -15,8 +15,11 @@ Labels come with the images where the source has them (torchvision targets, an i
 beside each images file, a folder's class subfolders, an npz labels array): each reader returns
 them beside its images, one int64 per image kept (a skipped file takes its label with it), and
 the split is carved by the same indices, so they stay aligned. A source without labels returns,
-instead, one line saying why and how to provide them. Reading labels never fails a load: the
-images, their order and the split are the same with or without them.
+instead, one line saying why and how to provide them: a plain str where the source has none (no
+labels array, no labels file, no class subfolders), an `UnusableLabels` (a str too) where labels are
+there but cannot be used (a labels file or array that cannot be read or does not match the images,
+labels for some of the images only), which `vitmask pack` refuses rather than drop. Reading labels
+never fails a load: the images, their order and the split are the same with or without them.
 """
 
 import difflib
@@ -41,6 +44,12 @@ IDX_SUFFIXES = ("idx3-ubyte", "idx3-ubyte.gz")
 Raw = torch.Tensor | list[torch.Tensor]  # (n, H, W) uint8, or n images (H, W) of mixed sizes
 # int64 (n,) class indices per part of a source, aligned with its images; or why there are none and how to add them
 Labels = dict[str, torch.Tensor] | str
+
+
+class UnusableLabels(str):
+    """Why a source's labels, though there, cannot be used (a labels file or array that cannot be read
+    or does not match the images, labels for some of the images only), and how to fix them: the line
+    a reader returns instead of labels, where a source that has no labels at all returns a plain str."""
 
 
 def _existing(path: str, what: str) -> Path:
@@ -236,7 +245,8 @@ def read_idx_labels(path: Path) -> torch.Tensor:
 
 def idx_labels_beside(images_file: Path, n: int) -> torch.Tensor | str:
     """The labels of an idx images file, from the file beside it with `images-idx3-ubyte` read as
-    `labels-idx1-ubyte` (plain or gzipped): (n,) int64, or why there are none."""
+    `labels-idx1-ubyte` (plain or gzipped): (n,) int64, or why there are none (no such file), or why
+    they cannot be used (`UnusableLabels`: unreadable, or not one per image)."""
     stem = images_file.name.removesuffix(".gz")
     name = stem.replace("images-idx3-ubyte", "labels-idx1-ubyte").replace("idx3-ubyte", "idx1-ubyte")
     found = [p for p in (images_file.with_name(name), images_file.with_name(name + ".gz")) if p.is_file()]
@@ -245,9 +255,11 @@ def idx_labels_beside(images_file: Path, n: int) -> torch.Tensor | str:
     try:
         labels = read_idx_labels(found[0])
     except (AssertionError, KeyError, TypeError, ValueError, RuntimeError, OSError, EOFError) as e:
-        return f"{found[0]} is not a readable idx labels file ({e.__class__.__name__}); replace it"
+        return UnusableLabels(f"{found[0]} is not a readable idx labels file ({e.__class__.__name__}); replace it")
     if len(labels) != n:
-        return f"{found[0]} holds {len(labels)} labels for the {n} images of {images_file}; pass the matching file"
+        return UnusableLabels(
+            f"{found[0]} holds {len(labels)} labels for the {n} images of {images_file}; pass the matching file"
+        )
     return labels
 
 
@@ -266,17 +278,24 @@ def read_idx(cfg: DataConfig) -> tuple[dict[str, Raw], Labels]:
         raise UserError(f"no idx image files (*idx3-ubyte or *idx3-ubyte.gz) in {root}; point data.path at them")
     groups: dict[str, list[torch.Tensor]] = {}
     labels: dict[str, list[torch.Tensor]] = {}
-    no_labels = ""
+    missing: list[str] = []  # why a file has no labels, file by file
     for p in files:
         kind = "test" if p.name.startswith(("t10k", "test")) or "-test-" in p.name else "train"
         groups.setdefault(kind, []).append(read_idx_file(p))
         found = idx_labels_beside(p, len(groups[kind][-1]))
         if isinstance(found, str):
-            no_labels = no_labels or found
+            missing.append(found)
         else:
             labels.setdefault(kind, []).append(found)
     parts = {"all" if len(groups) == 1 else k: _cat(v, root) for k, v in groups.items()}
-    return parts, no_labels or {"all" if len(labels) == 1 else k: torch.cat(v) for k, v in labels.items()}
+    unusable = next((m for m in missing if isinstance(m, UnusableLabels)), None)
+    if unusable is not None:
+        return parts, unusable
+    if missing and labels:  # labels beside some files only: the others' are not there
+        return parts, UnusableLabels(f"{missing[0]} (the other idx files have theirs)")
+    if missing:
+        return parts, missing[0]
+    return parts, {"all" if len(labels) == 1 else k: torch.cat(v) for k, v in labels.items()}
 
 
 def _cat(images: list[torch.Tensor], root: Path) -> torch.Tensor:
@@ -368,13 +387,16 @@ def folder_labels(parts: dict[str, Path], files: dict[str, list[Path]], kept: di
     """As torchvision's ImageFolder: an image's class is the first-level subfolder it lies in under
     its part's folder (train/, val/, test/, or data.path itself), numbered by `folder_classes` over
     every split (one shared index). `kept`: the files read, in the order of their images. A file
-    outside a class folder means the folder has no labels."""
+    outside a class folder means the folder has no labels: unusable ones (`UnusableLabels`) where
+    other images lie in class subfolders."""
     classes = folder_classes(parts, files)
     if isinstance(classes, Path):
-        return (
+        why = (
             f"{classes} is not in a class subfolder; to label a folder, put each class's images in a "
             f"subfolder named after it ({classes.parent}/CLASS/...), as torchvision's ImageFolder reads them"
         )
+        in_classes = any(len(p.relative_to(parts[k]).parts) > 1 for k, paths in files.items() for p in paths)
+        return UnusableLabels(f"{why} (the other images are)") if in_classes else why
     index = {c: i for i, c in enumerate(classes)}
     return {
         k: torch.tensor([index[p.relative_to(parts[k]).parts[0]] for p in paths], dtype=torch.long)
@@ -429,8 +451,9 @@ def read_npz(cfg: DataConfig) -> tuple[dict[str, Raw], Labels]:
 
 
 def npz_labels(archive, key: str, path: Path, n: int) -> torch.Tensor | str:
-    """The labels array `key` of an open npz archive: (n,) int64, or why there are none. Integers
-    >= 0 are kept as they are; any other values (strings, negative numbers) are numbered in sorted order."""
+    """The labels array `key` of an open npz archive: (n,) int64, or why there are none (no such array),
+    or why they cannot be used (`UnusableLabels`: unreadable, or not one per image). Integers >= 0 are
+    kept as they are; any other values (strings, negative numbers) are numbered in sorted order."""
     import zipfile
 
     import numpy as np
@@ -441,9 +464,9 @@ def npz_labels(archive, key: str, path: Path, n: int) -> torch.Tensor | str:
     try:
         a = archive[key]
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:  # e.g. an object array (no pickles)
-        return f"array '{key}' of {path} cannot be read ({e.__class__.__name__}); {fix}"
+        return UnusableLabels(f"array '{key}' of {path} cannot be read ({e.__class__.__name__}); {fix}")
     if a.shape != (n,):
-        return f"array '{key}' of {path} has shape {a.shape}, but there are {n} images; {fix}"
+        return UnusableLabels(f"array '{key}' of {path} has shape {a.shape}, but there are {n} images; {fix}")
     if np.issubdtype(a.dtype, np.integer) and (n == 0 or a.min() >= 0):
         return torch.from_numpy(a.astype(np.int64))
     return torch.from_numpy(np.unique(a, return_inverse=True)[1].reshape(n).astype(np.int64))
