@@ -4,8 +4,9 @@
 a stroke with the mouse, classifies it, masks a box, fills it step by step, reads the result back from
 the page's canvas, saves the page's image, mask and result, and runs the command the page shows on the
 saved files: the CLI's output is the page's, pixel for pixel (and its top-k the page's bars). Then it
-samples, picks a test image and uploads a file that is not an image. It also checks the page asks
-nothing of any server but its own. A second test serves the shipped models as the README opens the demo:
+samples, picks a test image and uploads a file that is not an image; another test picks a file over
+the upload limit, which the page refuses without sending it. It also checks the page asks nothing of
+any server but its own. A second test serves the shipped models as the README opens the demo:
 a test digit, its centre filled and classified, the CLI's numbers again; its screenshot goes to
 docs/demo.png when VITMASK_WRITE_DOCS_IMAGES=1 asks for it, else to a temporary folder.
 
@@ -256,6 +257,23 @@ def test_a_person_draws_masks_fills_samples_and_classifies_and_the_numbers_are_t
     for name in ("runs/my model/last.pt", "it's", "plain-name_1.pt"):
         assert shlex.split(page.evaluate("(name) => shellWord(name)", name)) == [name]
 
+    assert page.errors == [] and page.elsewhere == []
+
+
+def test_an_image_over_the_upload_limit_gets_the_pages_message_and_is_not_sent(page, tmp_path):
+    """The page checks an upload's size before it sends it, and says so in the server's words for it."""
+    big = tmp_path / "big.png"
+    with open(big, "wb") as f:
+        f.truncate((8 << 20) + 1)  # one byte over the limit (the server's /api/info says 8 MiB)
+    page.click("#examples button >> nth=0")
+    before = shown_pixels(page, "#image-canvas")
+    sent = []
+    page.on("request", lambda r: "/api/upload" in r.url and sent.append(r.url))
+    page.set_input_files("#upload", str(big))
+    page.wait_for_selector("#message.error")
+    expected = "the image is over 8 MiB, the largest upload the demo reads; choose a smaller one"
+    assert page.text_content("#message") == expected and sent == []
+    assert (shown_pixels(page, "#image-canvas") == before).all()  # the canvas kept
     assert page.errors == [] and page.elsewhere == []
 
 

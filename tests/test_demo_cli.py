@@ -12,7 +12,9 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -101,9 +103,10 @@ def exchange(port: int, request: bytes, hang_up: bool = False) -> bytes:
 
 
 def test_bad_requests_get_their_answers_and_leave_the_servers_output_as_it_was(models):
-    """Malformed requests, a client gone mid-body, a query of odd digits, a Host of another name and more
-    connections than the server takes: each is answered (or its client is gone), the server serves on,
-    and its output holds the address and the stop alone: no traceback, no warning per request."""
+    """Malformed requests, a client gone mid-body, a query of odd digits, a Host of another name, a page of
+    another origin and more requests at once than the server answers: each is answered (or its client is
+    gone), the server serves on, and its output holds the address and the stop alone: no traceback, no
+    warning per request."""
     proc, line, url = start_demo("--checkpoint", models[1], "--port", 0, "--device", "cpu")
     port = int(url.rsplit(":", 1)[1].strip("/"))
     ok = b"Host: 127.0.0.1:%d\r\n" % port
@@ -116,20 +119,62 @@ def test_bad_requests_get_their_answers_and_leave_the_servers_output_as_it_was(m
         assert digits.startswith(b"HTTP/1.1 400 ") and b"must be an integer" in digits
         rebound = exchange(port, b"GET /api/info HTTP/1.1\r\nHost: rebound.example:%d\r\n\r\n" % port)
         assert rebound.startswith(b"HTTP/1.1 400 ") and b"not the host 'rebound.example'" in rebound
-        waiting = []  # requests waiting for their bodies, past the server's limit on concurrent connections
+        other = b"POST /api/sample HTTP/1.1\r\n" + ok + b"Origin: null\r\nContent-Length: 2\r\n\r\n{}"
+        assert exchange(port, other).startswith(b"HTTP/1.1 403 ")
+        waiting = []  # requests waiting for their bodies, past the number the server answers at once (64)
         for _ in range(70):
             conn = socket.create_connection(("127.0.0.1", port), timeout=30)
             conn.sendall(b"POST /api/fill HTTP/1.1\r\n" + ok + b"Content-Length: 10\r\n\r\n")
             waiting.append(conn)
         try:
-            assert exchange(port, b"GET /api/info HTTP/1.1\r\n" + ok + b"\r\n").startswith(b"HTTP/1.1 503 ")
+            busy = exchange(port, b"GET /api/info HTTP/1.1\r\n" + ok + b"\r\n")
+            assert busy.startswith(b"HTTP/1.1 503 ") and b"answering 64 requests at once" in busy
         finally:
             for conn in waiting:
                 conn.close()
-        assert '"image_size":16' in fetch(url + "api/info")  # serving on
+        for _ in range(100):  # serving on, once the server has seen those clients go
+            if exchange(port, b"GET /api/info HTTP/1.1\r\n" + ok + b"\r\n").startswith(b"HTTP/1.1 200 "):
+                break
+            time.sleep(0.1)
+        assert '"image_size":16' in fetch(url + "api/info")
     finally:
         stop = stopped_by(proc, signal.SIGINT)
     assert stop == (130, "", "vitmask demo: stopped by SIGINT\n")
+
+
+def test_checkpoint_mnist_offers_the_shipped_examples_not_those_of_a_folder_mnist_here(
+    run_cli_in_process, monkeypatch, tmp_path
+):
+    """`--checkpoint mnist`, where no folder `mnist` is, serves the shipped model; the test images it offers
+    are the shipped model's examples.npz, not those of a folder `mnist` made in the working directory while
+    it serves (the images are read on first use). With no flags and such a folder there from the start,
+    the shipped model's too."""
+    np = pytest.importorskip("numpy")
+    import vitmask.demo.serve
+    from vitmask.pretrained import SHIPPED
+
+    with np.load(SHIPPED["mnist"].folder / "examples.npz") as archive:
+        shipped = archive["images"]
+    decoy = np.ones((3, 28, 28), np.uint8)  # test images of the model's size, not the shipped ones
+    opened, open_models = [], vitmask.demo.serve.open_models
+
+    def open_and_keep(*args, **kwargs):
+        opened.append(open_models(*args, **kwargs))
+        return opened[-1]
+
+    def a_folder_mnist_appears(self, sockets=None):  # while it serves
+        Path("mnist").mkdir(exist_ok=True)
+        np.savez(Path("mnist") / "examples.npz", images=decoy)
+
+    monkeypatch.setattr(vitmask.demo.serve, "open_models", open_and_keep)
+    monkeypatch.setattr(vitmask.demo.serve.DemoServer, "run", a_folder_mnist_appears)
+    monkeypatch.chdir(tmp_path)
+    for args in (["--checkpoint", "mnist"], []):  # the second with ./mnist there from the start
+        res = run_cli_in_process("demo", *args, "--port", "0", "--device", "cpu")
+        assert res.returncode == 0, res.stderr
+        images, where = opened[-1].examples.images()
+        assert np.array_equal(images.numpy(), shipped) and str(tmp_path) not in where
+    assert (tmp_path / "mnist" / "examples.npz").is_file() and len(opened) == 2
 
 
 def test_a_signal_before_the_servers_loop_runs_leaves_no_coroutine_unrun(monkeypatch):
@@ -249,6 +294,7 @@ def test_the_set_up_installs_the_demo_and_its_test_packages_pinned():
         ("localhost", {"localhost", "127.0.0.1", "[::1]"}),
         ("::1", {"localhost", "127.0.0.1", "[::1]"}),
         ("127.0.0.2", {"localhost", "127.0.0.1", "[::1]", "127.0.0.2"}),
+        ("::ffff:127.0.0.1", {"localhost", "127.0.0.1", "[::1]", "[::ffff:127.0.0.1]"}),  # loopback too, as IPv6
         ("0.0.0.0", None),  # every address: the names others reach it by are not the server's to know
     ],
 )
@@ -261,6 +307,24 @@ def test_a_server_on_this_machine_only_answers_for_its_own_names(host, names):
         pytest.skip(f"this machine cannot listen on {host}: {e}")
     with sock:
         assert local_hosts(sock, host) == (None if names is None else frozenset(names))
+
+
+def test_the_server_raises_its_limit_on_open_files_to_hold_its_connections():
+    """A soft limit below what MAX_CONNECTIONS need (macOS starts at 256) is raised, within the hard limit."""
+    resource = pytest.importorskip("resource")
+    from vitmask.demo.serve import allow_open_files
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 300:
+        pytest.skip(f"this machine's hard limit on open files is {hard}")
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (200, hard))
+        allow_open_files(300)
+        assert resource.getrlimit(resource.RLIMIT_NOFILE) == (300, hard)
+        allow_open_files(250)  # a limit that is higher already stays
+        assert resource.getrlimit(resource.RLIMIT_NOFILE) == (300, hard)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 @pytest.mark.parametrize(

@@ -8,11 +8,15 @@ and a classifier fine-tuned from it on the shapes' labels. Expectations are inde
 generator's own test split, and the CLI's option defaults read from its parser.
 """
 
+import contextlib
 import dataclasses
 import io
 import json
+import re
 import shutil
+import socket
 import threading
+import time
 import warnings
 from pathlib import Path
 
@@ -241,8 +245,17 @@ def transparent_png() -> bytes:
     return png_bytes(rgba)
 
 
-def huge_png() -> bytes:
-    return png_bytes(np.zeros((8, MAX_UPLOAD_SIDE + 1), np.uint8))  # a few hundred bytes, too wide
+def png_of_size(width: int, height: int) -> bytes:
+    """A black PNG of width x height pixels: a few hundred bytes, even at 4,097 pixels a side."""
+    return png_bytes(np.zeros((height, width), np.uint8))
+
+
+def padded_to(body: bytes, size: int) -> bytes:
+    """`body` with zero bytes after it, `size` bytes in all: a PNG still (its decoder stops at its end)."""
+    return body + b"\0" * (size - len(body))
+
+
+TOO_LARGE = "the image is over 8 MiB, the largest upload the demo reads; choose a smaller one"  # demo.js says it too
 
 
 @pytest.mark.parametrize(
@@ -252,10 +265,11 @@ def huge_png() -> bytes:
         (b"this is not an image", 400, ["the upload is not a readable image", "PNG, JPEG or BMP"]),
         (png_bytes(np.zeros((SIZE, SIZE), np.uint8))[:40], 400, ["the upload is not a readable image"]),
         (transparent_png(), 400, ["the upload has transparent pixels"]),
-        (huge_png(), 400, [f"{MAX_UPLOAD_SIDE + 1}x8 pixels", f"up to {MAX_UPLOAD_SIDE} pixels a side"]),
-        (b"\0" * (MAX_UPLOAD_BYTES + 1), 413, ["at most 8 MiB"]),
+        (png_of_size(MAX_UPLOAD_SIDE + 1, 8), 400, [f"{MAX_UPLOAD_SIDE + 1}x8 pixels", f"up to {MAX_UPLOAD_SIDE} "]),
+        (png_of_size(8, MAX_UPLOAD_SIDE + 1), 400, [f"8x{MAX_UPLOAD_SIDE + 1} pixels", f"up to {MAX_UPLOAD_SIDE} "]),
+        (padded_to(png_of_size(SIZE, SIZE), MAX_UPLOAD_BYTES + 1), 413, [TOO_LARGE]),
     ],
-    ids=["empty", "not-an-image", "truncated", "transparent", "huge", "too-many-bytes"],
+    ids=["empty", "not-an-image", "truncated", "transparent", "too-wide", "too-tall", "too-many-bytes"],
 )
 def test_a_bad_upload_is_one_line_and_names_no_temporary_file(client, body, status, needles):
     res = client.post("/api/upload", content=body)
@@ -263,13 +277,23 @@ def test_a_bad_upload_is_one_line_and_names_no_temporary_file(client, body, stat
     assert "/tmp" not in res.json()["error"] and "vitmask-demo-" not in res.json()["error"]
 
 
+def test_an_upload_at_each_limit_is_read(client):
+    """The limits' other side: MAX_UPLOAD_SIDE pixels wide, or high, and MAX_UPLOAD_BYTES bytes are read."""
+    for width, height in ((MAX_UPLOAD_SIDE, 8), (8, MAX_UPLOAD_SIDE)):
+        answer = post_upload(client, png_of_size(width, height))
+        assert answer["pixels"] == "0" * SIZE * SIZE and f"fitted {width}x{height} to 16x16" in answer["note"]
+    assert post_upload(client, padded_to(png_of_size(SIZE, SIZE), MAX_UPLOAD_BYTES))["pixels"] == "0" * SIZE * SIZE
+
+
 def test_a_wrong_size_upload_is_refused_where_the_model_fits_none(served):
     fit_none = dataclasses.replace(served.config, data=dataclasses.replace(served.config.data, fit="none"))
     client = TestClient(make_app(dataclasses.replace(served, config=fit_none)))
     assert post_upload(client, png_bytes(np.zeros((SIZE, SIZE), np.uint8)))["note"] == ""
-    res = client.post("/api/upload", content=png_bytes(np.zeros((20, 12), np.uint8)))  # 12 wide, 20 high
-    assert_refused(res, 400, "the upload is 12 pixels wide and 20 high", "reads 16x16 images only", "resize the image")
-    assert "set data.fit" not in res.json()["error"]  # a setting the page has no way to change
+    for width, height in ((12, 20), (20, SIZE), (SIZE, 20), (SIZE, 12)):  # each side wrong alone, and both
+        res = client.post("/api/upload", content=png_of_size(width, height))
+        assert_refused(res, 400, f"the upload is {width} pixels wide and {height} high", "reads 16x16 images only")
+        assert "resize the image" in res.json()["error"]
+        assert "set data.fit" not in res.json()["error"]  # a setting the page has no way to change
 
 
 def test_an_upload_of_a_format_pillow_hands_to_another_program_is_refused_before_it_is_decoded(client, monkeypatch):
@@ -288,9 +312,9 @@ def test_an_upload_of_a_format_pillow_hands_to_another_program_is_refused_before
         assert post_upload(client, buf.getvalue())["pixels"] == "0" * SIZE * SIZE, fmt
 
 
-def test_an_upload_declaring_too_many_bytes_is_refused_before_it_is_read(client):
+def test_an_upload_declaring_too_many_bytes_is_refused_whatever_its_body(client):
     res = client.post("/api/upload", content=b"x" * 10, headers={"content-length": str(MAX_UPLOAD_BYTES + 1)})
-    assert_refused(res, 413, "at most 8 MiB")
+    assert_refused(res, 413, TOO_LARGE)
     res = client.post("/api/upload", content=b"x" * 10, headers={"content-length": "ten"})
     assert_refused(res, 400, "Content-Length header 'ten' is not a byte count")
 
@@ -305,7 +329,35 @@ def test_a_content_length_of_digits_other_than_0_to_9_is_refused(served):
 def test_an_upload_sent_in_chunks_is_cut_off_past_the_limit(client):
     """No Content-Length (chunked transfer): the body is counted as it arrives."""
     chunks = (b"\0" * (1 << 20) for _ in range(MAX_UPLOAD_BYTES // (1 << 20) + 2))
-    assert_refused(client.post("/api/upload", content=chunks), 413, "at most 8 MiB")
+    assert_refused(client.post("/api/upload", content=chunks), 413, TOO_LARGE)
+    chunks = (b"\0" * (1 << 20) for _ in range(MAX_UPLOAD_BYTES // (1 << 20)))  # at the limit: read
+    assert_refused(client.post("/api/upload", content=chunks), 400, "the upload is not a readable image")
+
+
+def test_a_body_past_what_is_read_and_dropped_is_answered_at_once_and_its_connection_closed(served):
+    """A body over its limit is read to its end before the answer, but not past 64 MiB: there the answer
+    comes, closing the connection, and the rest of the body is never asked for."""
+    import asyncio
+
+    def post(megabytes: int) -> tuple[list[dict], int]:
+        asked, sent = [0], []
+
+        async def receive():
+            asked[0] += 1
+            return {"type": "http.request", "body": b"\0" * (1 << 20), "more_body": asked[0] < megabytes}
+
+        async def send(message):
+            sent.append(message)
+
+        asyncio.run(make_app(served)(post_scope("/api/upload", []), receive, send))
+        return sent, asked[0]
+
+    sent, asked = post(100)
+    assert sent[0]["status"] == 413 and json.loads(sent[1]["body"])["error"] == TOO_LARGE
+    assert (b"connection", b"close") in sent[0]["headers"] and asked == 65  # 65 MiB read: past 64
+    sent, asked = post(20)  # over the limit, and all of it read
+    assert sent[0]["status"] == 413 and json.loads(sent[1]["body"])["error"] == TOO_LARGE
+    assert (b"connection", b"close") not in sent[0]["headers"] and asked == 20
 
 
 # ---- fill, sample, classify: the CLI's numbers ---------------------------------------------------------------
@@ -483,9 +535,21 @@ def test_a_model_path_that_is_not_utf8_is_named_in_the_info(served):
     assert res.content.isascii()
 
 
-def call_asgi(app, path: str, headers: list, chunks: list[bytes], disconnect: bool = False) -> list[dict]:
+def post_scope(path: str, headers: list, host: str | None = "127.0.0.1:8000") -> dict:
+    """The ASGI scope of a POST to `path` with `headers` (raw bytes) and a Host header `host` (None: none)."""
+    host_header = [] if host is None else [(b"host", host.encode())]
+    return {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+        "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
+        "headers": [*host_header, *headers], "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 8000),
+    }  # fmt: skip
+
+
+def call_asgi(
+    app, path: str, headers: list, chunks: list[bytes], disconnect: bool = False, host: str | None = "127.0.0.1:8000"
+) -> list[dict]:
     """POST `chunks` to `path` of the ASGI `app` directly, as a server would pass them (headers as raw
-    bytes), then a disconnect if asked; the messages the app sent back."""
+    bytes, Host `host`), then a disconnect if asked; the messages the app sent back."""
     import asyncio
 
     sent = []
@@ -499,13 +563,7 @@ def call_asgi(app, path: str, headers: list, chunks: list[bytes], disconnect: bo
     async def send(message):
         sent.append(message)
 
-    scope = {
-        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
-        "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
-        "headers": [(b"host", b"127.0.0.1:8000"), *headers], "client": ("127.0.0.1", 5000),
-        "server": ("127.0.0.1", 8000),
-    }  # fmt: skip
-    asyncio.run(app(scope, receive, send))
+    asyncio.run(app(post_scope(path, headers, host), receive, send))
     return sent
 
 
@@ -550,6 +608,317 @@ def test_a_server_for_this_machine_answers_requests_for_its_names_only(served, h
             assert res.status_code == 200, res.text
         else:
             assert_refused(res, 400, "answers for 127.0.0.1, [::1], localhost", "--host 0.0.0.0")
+
+
+def test_a_json_request_at_its_limit_is_read_and_one_byte_more_is_refused(client):
+    """A JSON request may hold two images of S*S characters and 64 KiB more: 66,048 bytes for 16x16."""
+    limit = 2 * SIZE * SIZE + (64 << 10)
+    for path in ("/api/sample", "/api/fill", "/api/classify"):
+        fields = {"/api/sample": {"steps": 2}, "/api/fill": a_fill(), "/api/classify": {"pixels": "0" * SIZE * SIZE}}
+        body = json.dumps(fields[path]).encode()
+        at_limit = body + b" " * (limit - len(body))  # white space after the object: JSON still
+        res = client.post(path, content=at_limit, headers={"content-type": "application/json"})
+        assert res.status_code == 200, (path, res.text)
+        res = client.post(path, content=at_limit + b" ", headers={"content-type": "application/json"})
+        assert_refused(res, 413, "request may be at most")
+
+
+# ---- the Origin header -------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "origin, served_it",
+    [
+        (None, True),  # curl, a script: no Origin
+        ("http://testserver", True),  # the page's own: TestClient's Host header is `testserver`
+        ("http://testserver:80", True),  # the same origin, its default port written out
+        ("null", False),  # a sandboxed page, a local file
+        ("http://rebound.example", False),
+        ("http://testserver:8000", False),  # another port of the same host: another page
+        ("https://testserver", False),  # another scheme
+        ("http://testserver.rebound.example", False),
+        ("http://testserver/", False),  # not an origin at all
+        ("", False),
+    ],
+)
+def test_a_request_from_another_page_is_refused_and_one_without_an_origin_is_served(client, origin, served_it):
+    headers = {} if origin is None else {"origin": origin}
+    answers = (
+        client.post("/api/sample", json={"steps": 2}, headers=headers),
+        client.post("/api/classify", json={"pixels": "0" * SIZE * SIZE}, headers=headers),
+        client.post("/api/upload", content=png_of_size(SIZE, SIZE), headers=headers),
+        client.get("/api/info", headers=headers),
+    )
+    for res in answers:
+        if served_it:
+            assert res.status_code == 200, res.text
+        else:
+            assert_refused(res, 403, "answers its own page only", f"the page at '{origin}'", "open http://testserver")
+
+
+def test_the_pages_own_origin_is_its_host_headers_as_the_browser_sends_it(served):
+    """On 127.0.0.1:8000 the page's origin is http://127.0.0.1:8000; localhost:8000 is another page, though
+    the same machine, and the Host header of the request decides which page is its own."""
+    client = TestClient(make_app(served, hosts=LOCAL))
+    own = {"host": "127.0.0.1:8000", "origin": "http://127.0.0.1:8000"}
+    assert client.post("/api/sample", json={"steps": 2}, headers=own).status_code == 200
+    assert client.post("/api/sample", json={"steps": 2}, headers={**own, "host": "[::1]:8000"}).status_code == 403
+    res = client.post("/api/sample", json={"steps": 2}, headers={**own, "origin": "http://localhost:8000"})
+    assert_refused(res, 403, "the page at 'http://localhost:8000'", "open http://127.0.0.1:8000 to use the demo")
+    ipv6 = {"host": "[::1]:8000", "origin": "http://[::1]:8000"}
+    assert client.post("/api/sample", json={"steps": 2}, headers=ipv6).status_code == 200
+
+
+def test_a_request_without_a_host_header_is_served_unless_it_names_an_origin(served):
+    """HTTP/1.0 needs no Host header, and no browser leaves it out: served, but not with an Origin (a page's)."""
+    app = make_app(served, hosts=LOCAL)
+    sent = call_asgi(app, "/api/sample", [], [b'{"steps": 2}'], host=None)
+    assert sent[0]["status"] == 200 and len(json.loads(sent[1]["body"])["rounds"]) == 2
+    sent = call_asgi(app, "/api/sample", [(b"origin", b"http://127.0.0.1:8000")], [b'{"steps": 2}'], host=None)
+    assert sent[0]["status"] == 403 and "the address it printed" in json.loads(sent[1]["body"])["error"]
+
+
+# ---- bodies that stall ---------------------------------------------------------------------------------------
+def post_paced(app, path: str, chunks: list, pause: float, headers: list = ()) -> tuple[list[dict], float]:
+    """POST `chunks` to the ASGI `app` with `headers`, `pause` seconds before each chunk after the first; a
+    None in `chunks`: the client sends nothing more, ever. (The messages the app sent back, the seconds
+    until they came.)"""
+    import asyncio
+    import time
+
+    async def run() -> tuple[list[dict], float]:
+        sent, start, messages = [], time.monotonic(), enumerate(chunks)
+
+        async def receive():
+            i, chunk = next(messages)
+            await asyncio.sleep(3600 if chunk is None else pause if i else 0)
+            return {"type": "http.request", "body": chunk, "more_body": i + 1 < len(chunks)}
+
+        async def send(message):
+            sent.append(message)
+
+        await asyncio.wait_for(app(post_scope(path, list(headers)), receive, send), 30)  # a test that ends
+        return sent, time.monotonic() - start
+
+    return asyncio.run(run())
+
+
+def test_a_body_that_stalls_or_takes_too_long_is_answered_408_and_the_connection_closed(served, monkeypatch):
+    import vitmask.demo.app as demo_app
+
+    monkeypatch.setattr(demo_app, "BODY_STALL_SECONDS", 0.4)
+    monkeypatch.setattr(demo_app, "BODY_SECONDS", 1.5)
+    app = make_app(served)
+    body = json.dumps({"steps": 2, "seed": 1}).encode()
+    parts = [body[:5], body[5:10], body[10:]]
+    sent, _ = post_paced(app, "/api/sample", parts, 0.2)  # in time: served
+    assert sent[0]["status"] == 200 and len(json.loads(sent[1]["body"])["rounds"]) == 2
+    for path, chunks, pause, why, within in [
+        ("/api/sample", [body[:5], None], 0, "stopped arriving (nothing came for 0.4 s)", 0.4),
+        ("/api/upload", [png_of_size(SIZE, SIZE)[:30], None], 0, "stopped arriving", 0.4),
+        ("/api/sample", [body[i : i + 1] for i in range(len(body))], 0.3, "took over 1.5 s to arrive", 1.5),
+    ]:
+        sent, seconds = post_paced(app, path, chunks, pause)
+        assert sent[0]["status"] == 408 and (b"connection", b"close") in sent[0]["headers"], sent
+        assert why in json.loads(sent[1]["body"])["error"]
+        assert within <= seconds < within + 2.0, seconds
+    # a request refused before its body is read (another page's): its body is waited for, in the same time
+    sent, seconds = post_paced(app, "/api/sample", [body[:5], None], 0, [(b"origin", b"null")])
+    assert sent[0]["status"] == 403 and (b"connection", b"close") in sent[0]["headers"], sent
+    assert 0.4 <= seconds < 2.4, seconds
+    sent, _ = post_paced(app, "/api/sample", parts, 0.2, [(b"origin", b"null")])  # its body in time: no close
+    assert sent[0]["status"] == 403 and (b"connection", b"close") not in sent[0]["headers"], sent
+
+
+# ---- a real server: uvicorn as vitmask demo runs it ----------------------------------------------------------
+@contextlib.contextmanager
+def real_server(served):
+    """`vitmask demo`'s uvicorn server (serve.demo_server: its protocol and limits) in a thread of this
+    process, on a free port of 127.0.0.1, serving `served` as the command does: (its port, the server)."""
+    import asyncio
+
+    pytest.importorskip("uvicorn", reason="the demo extra (uvicorn) is not installed")
+    from vitmask.demo.serve import demo_server, listen, local_hosts
+
+    sock = listen("127.0.0.1", 0)
+    stopping = threading.Event()
+    server = demo_server(make_app(served, stopping, local_hosts(sock, "127.0.0.1")), stopping)
+    thread = threading.Thread(target=asyncio.run, args=(server.serve(sockets=[sock]),), daemon=True)
+    thread.start()
+    try:
+        until(lambda: server.started)
+        yield sock.getsockname()[1], server
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        sock.close()
+
+
+def until(condition, seconds: float = 30) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "the server did not get there in time"
+        time.sleep(0.02)
+
+
+def connect(port: int, head: bytes = b"") -> socket.socket:
+    conn = socket.create_connection(("127.0.0.1", port), timeout=30)
+    conn.sendall(head)
+    return conn
+
+
+def read_answer(conn: socket.socket) -> bytes:
+    """An answer's head and as much of its body as its Content-Length says."""
+    answer = b""
+    while chunk := conn.recv(65536):
+        answer += chunk
+        head, sep, body = answer.partition(b"\r\n\r\n")
+        length = re.search(rb"(?im)^content-length:\s*(\d+)", head) if sep else None
+        if sep and (length is None or len(body) >= int(length.group(1))):
+            break
+    return answer
+
+
+def exchange(port: int, request: bytes) -> bytes:
+    with connect(port, request) as conn:
+        return read_answer(conn)
+
+
+def closed_by_server(conn: socket.socket, seconds: float) -> bool:
+    """Whether the server closes `conn` within `seconds` (sending nothing more)."""
+    conn.settimeout(seconds)
+    try:
+        return conn.recv(1) == b""
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+
+
+def get(port: int) -> bytes:
+    return b"GET /api/info HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n\r\n" % port
+
+
+def test_200_connections_with_unfinished_heads_take_no_other_clients_turn_and_are_closed(served, monkeypatch):
+    import vitmask.demo.serve as demo_serve
+
+    monkeypatch.setattr(demo_serve, "HEAD_SECONDS", 2)
+    with real_server(served) as (port, server):
+        opened = time.monotonic()
+        stalled = [connect(port, b"GET /api/info HTTP/1.1\r\nHost: 127.0") for _ in range(200)]
+        try:
+            until(lambda: len(server.server_state.connections) >= 200)
+            assert exchange(port, get(port)).startswith(b"HTTP/1.1 200 ")  # served while they wait
+            slow = connect(port, b"GET /api/info HTTP/1.1\r\n")
+            stalled.append(slow)
+            time.sleep(0.5)
+            slow.sendall(get(port).split(b"\r\n", 1)[1])  # the rest of its head, in time: served
+            assert read_answer(slow).startswith(b"HTTP/1.1 200 ")
+            slow.sendall(b"GET /api/info HTTP/1.1\r\n")  # after its answer, a head begun and left unfinished
+            assert closed_by_server(stalled[0], 10) and time.monotonic() - opened >= 2
+            assert all(closed_by_server(conn, 10) for conn in stalled)
+        finally:
+            for conn in stalled:
+                conn.close()
+
+
+def test_past_its_connections_a_request_is_refused_503_until_one_closes(served, monkeypatch):
+    import vitmask.demo.serve as demo_serve
+
+    monkeypatch.setattr(demo_serve, "MAX_CONNECTIONS", 8)
+    with real_server(served) as (port, server):
+        idle = [connect(port) for _ in range(7)]
+        try:
+            until(lambda: len(server.server_state.connections) == 7)
+            assert exchange(port, get(port)).startswith(b"HTTP/1.1 503 ")  # the eighth connection
+            idle.pop().close()
+            until(lambda: len(server.server_state.connections) == 6)
+            assert exchange(port, get(port)).startswith(b"HTTP/1.1 200 ")
+        finally:
+            for conn in idle:
+                conn.close()
+
+
+def test_past_its_requests_at_once_a_request_is_refused_503_in_one_line(served, monkeypatch):
+    import vitmask.demo.app as demo_app
+
+    monkeypatch.setattr(demo_app, "MAX_REQUESTS", 3)
+    with real_server(served) as (port, server):
+        head = b"POST /api/sample HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nContent-Length: 12\r\n\r\n" % port
+        waiting = [connect(port, head) for _ in range(3)]  # each answered once its body comes
+        try:
+            until(lambda: len(server.server_state.tasks) == 3)
+            busy = exchange(port, get(port))
+            assert busy.startswith(b"HTTP/1.1 503 ")
+            assert json.loads(busy.partition(b"\r\n\r\n")[2])["error"] == (
+                "the demo server is answering 3 requests at once, its most; send this one again in a moment"
+            )
+            for conn in waiting:
+                conn.sendall(b'{"steps": 2}')
+                assert read_answer(conn).startswith(b"HTTP/1.1 200 ")
+            until(lambda: len(server.server_state.tasks) == 0)
+            assert exchange(port, get(port)).startswith(b"HTTP/1.1 200 ")
+        finally:
+            for conn in waiting:
+                conn.close()
+
+
+def test_a_stalled_body_is_answered_408_and_its_connection_closed(served, monkeypatch):
+    import vitmask.demo.app as demo_app
+
+    monkeypatch.setattr(demo_app, "BODY_STALL_SECONDS", 1)
+    with real_server(served) as (port, _):
+        head = b"POST /api/upload HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nContent-Length: 100\r\n\r\n" % port
+        with connect(port, head + png_of_size(SIZE, SIZE)[:10]) as conn:
+            answer = read_answer(conn)
+            assert answer.startswith(b"HTTP/1.1 408 ") and b"stopped arriving" in answer
+            assert closed_by_server(conn, 5)
+
+
+def test_an_upload_over_the_limit_is_read_before_its_413_so_the_client_reads_the_answer(served):
+    """http.client sends a whole body before it reads the answer, as a browser may: an answer sent with a
+    close before the body was read would reach it as a reset connection."""
+    import http.client
+
+    from vitmask.demo.app import DISCARD_BYTES
+
+    body = padded_to(png_of_size(SIZE, SIZE), MAX_UPLOAD_BYTES + (1 << 20))
+    with real_server(served) as (port, _):
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        try:
+            conn.request("POST", "/api/upload", body=body)
+            res = conn.getresponse()
+            assert res.status == 413 and json.loads(res.read())["error"] == TOO_LARGE
+            conn.request("POST", "/api/upload", body=body, headers={"Origin": "http://rebound.example"})
+            res = conn.getresponse()
+            assert res.status == 403 and "answers its own page only" in json.loads(res.read())["error"]
+            conn.request("GET", "/api/info")  # the same connection serves on
+            assert conn.getresponse().status == 200
+        finally:
+            conn.close()
+        # a body declared past what is read and dropped: the answer at once, and the connection closed
+        head = b"POST /api/upload HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nContent-Length: %d\r\n\r\n" % (
+            port,
+            DISCARD_BYTES + 1,
+        )
+        with connect(port, head) as raw:
+            answer = read_answer(raw)
+            assert answer.startswith(b"HTTP/1.1 413 ") and re.search(rb"(?im)^connection: close", answer)
+            assert TOO_LARGE.encode() in answer and closed_by_server(raw, 5)
+
+
+def test_a_real_server_reads_heads_hosts_and_origins_as_clients_send_them(served):
+    with real_server(served) as (port, _):
+        host = b"Host: 127.0.0.1:%d\r\n" % port
+        assert exchange(port, b"GET /api/info HTTP/1.0\r\n\r\n").startswith(b"HTTP/1.1 200 ")  # no Host header
+        big = b"X-Filler: " + b"x" * (8 << 10) + b"\r\n"  # an 8 KiB header: served
+        assert exchange(port, b"GET /api/info HTTP/1.1\r\n" + host + big + b"\r\n").startswith(b"HTTP/1.1 200 ")
+        endless = b"GET /api/info HTTP/1.1\r\n" + host + b"X-Filler: " + b"x" * (20 << 10)  # no end past 16 KiB
+        assert exchange(port, endless).startswith(b"HTTP/1.1 400 ")
+        sample = b"POST /api/sample HTTP/1.1\r\n" + host + b"Content-Length: 12\r\n"
+        own = exchange(port, sample + b'Origin: http://127.0.0.1:%d\r\n\r\n{"steps": 2}' % port)
+        assert own.startswith(b"HTTP/1.1 200 ")
+        other = exchange(port, sample + b'Origin: http://127.0.0.1:%d\r\n\r\n{"steps": 2}' % (port + 1))
+        assert other.startswith(b"HTTP/1.1 403 ") and b"open http://127.0.0.1:%d to use" % port in other
+        assert exchange(port, sample + b'\r\n{"steps": 2}').startswith(b"HTTP/1.1 200 ")  # no Origin: curl
 
 
 # ---- many pages at once -----------------------------------------------------------------------------------

@@ -18,11 +18,23 @@ the model sees; a mask the same way, 1 = hidden (every patch holding a 1 is fill
 
 The server keeps no state between requests: each is answered from what it carries, so any number
 of pages, in any number of browsers, each keep their own. Model computations run one at a time
-(a lock), in Starlette's thread pool. Bad input, a body over its limit included, is an answer
-{"error": one line} with status 400 or 413, never a traceback; anything else is a bug and keeps
-its traceback in the server's output.
+(a lock), in Starlette's thread pool, and so does the decoding of uploads (a lock of its own). Bad
+input is an answer {"error": one line}, never a traceback; anything else is a bug and keeps its
+traceback in the server's output.
+
+What the app answers, before any endpoint reads a request (middleware, outermost first):
+- `RequestsAtOnce`: at most MAX_REQUESTS requests answered at once; one more is 503.
+- `HostsOnly` (a server on this machine only): a Host header naming another host is 400.
+- `OwnPageOnly`: a request whose Origin header is not the page's own origin is 403, so a page of
+  another site open in the same browser cannot make the server compute.
+A request's body arrives within time limits (`body_chunks`: no pause over BODY_STALL_SECONDS, all of
+it within BODY_SECONDS; else 408) and sizes (413 past its endpoint's limit). A request refused before
+its body is read has its body read and dropped first (up to DISCARD_BYTES), so that a client still
+sending it reads the answer rather than a reset connection; past those limits the answer closes the
+connection. The connection limits (the request's head, how many connections) are serve.py's.
 """
 
+import asyncio
 import json
 import re
 import tempfile
@@ -53,6 +65,10 @@ MAX_UPLOAD_SIDE = 4096  # pixels a side of an uploaded image, checked before it 
 # The formats an upload may be, by Pillow's names: each decoded in this process. Any other (EPS, which
 # Pillow hands to Ghostscript to run, among them) is refused from its header, before it is decoded.
 UPLOAD_FORMATS = ("PNG", "JPEG", "MPO", "BMP", "DIB", "GIF", "TIFF", "WEBP", "PPM", "TGA", "ICO")
+BODY_STALL_SECONDS = 10  # the longest pause in a request's body
+BODY_SECONDS = 60  # the longest a request's body takes to arrive, all of it (8 MiB at 1.2 Mbit/s)
+DISCARD_BYTES = 64 << 20  # of a body refused before it is read, what is read and dropped before the answer
+MAX_REQUESTS = 64  # requests answered at once (each holds its body, up to MAX_UPLOAD_BYTES)
 JSON_SLACK = 64 << 10  # a JSON request: its images (two of S*S characters) and this much more
 EXAMPLES_PAGE = 100  # test images one /api/examples answer holds at most
 SECURITY_HEADERS = {
@@ -87,11 +103,13 @@ CLASSIFY_FIELDS = {"pixels": (str, None), "top_k": (int, 1)}
 
 
 class BadRequest(Exception):
-    """Bad input to an endpoint: `status` (400, or 413 for a body over its limit) and one line."""
+    """A request refused: `status` (400; 403 another page's; 404; 408 a body too slow; 413 a body over
+    its limit; 503 too many at once) and one line. `close`: the answer closes the connection (the rest
+    of the body was not read)."""
 
-    def __init__(self, message: str, status: int = 400):
+    def __init__(self, message: str, status: int = 400, close: bool = False):
         super().__init__(message)
-        self.status = status
+        self.status, self.close = status, close
 
 
 class ServerStopping(Exception):
@@ -103,8 +121,38 @@ def make_app(
 ) -> Starlette:
     """The app serving `models`. Setting `stopping` ends the computations under way at their next round.
     `hosts`: the host names a request's Host header may give (`HostsOnly`); None: any."""
-    middleware = [] if hosts is None else [Middleware(HostsOnly, hosts=hosts)]
+    middleware = [Middleware(RequestsAtOnce, limit=MAX_REQUESTS)]
+    if hosts is not None:
+        middleware.append(Middleware(HostsOnly, hosts=hosts))
+    middleware.append(Middleware(OwnPageOnly))
     return Starlette(routes=DemoEndpoints(models, stopping or threading.Event()).routes(), middleware=middleware)
+
+
+class RequestsAtOnce:
+    """ASGI middleware: at most `limit` requests answered at once; one more is refused (503, one line),
+    its body read and dropped first (`refuse`). Each request answered holds its body, so this bounds the
+    memory the bodies take: `limit` times the largest (an upload)."""
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit, self.running = app, limit, 0
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if self.running >= self.limit:
+            busy = BadRequest(
+                f"the demo server is answering {self.limit} requests at once, its most; send this one again "
+                "in a moment",
+                503,
+            )
+            await refuse(busy, scope, receive, send)
+            return
+        self.running += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.running -= 1
 
 
 class HostsOnly:
@@ -124,9 +172,67 @@ class HostsOnly:
                     f"this demo server listens on this machine only and answers for {', '.join(sorted(self.hosts))}, "
                     f"not the host '{host[:60]}'; open the address it printed, or start it with --host 0.0.0.0"
                 )
-                await failure(refusal)(scope, receive, send)
+                await refuse(refusal, scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+class OwnPageOnly:
+    """ASGI middleware: a request with an Origin header other than the page's own origin (the scheme the
+    server serves, and the host and port of the request's Host header, as the browser sent them) is
+    refused (403, one line). A browser sends Origin with every POST, and with any request a script of
+    another site makes; so a page of another site, open in the same browser, cannot make the server
+    compute, even where the browser would not let it read the answer. `Origin: null` (a sandboxed page,
+    a local file) is another page's. A request without an Origin header (curl, a script; a page's own
+    GET) is served."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http":
+            origins = [v.decode("latin-1").strip() for k, v in scope["headers"] if k == b"origin"]
+            host = next((v for k, v in scope["headers"] if k == b"host"), None)
+            own = own_origin(scope.get("scheme", "http"), host)
+            foreign = [o for o in origins if own is None or origin_of(o) != own]
+            if foreign:
+                page = "the address it printed" if own is None else origin_text(own)
+                refusal = BadRequest(
+                    f"this demo server answers its own page only, and this request comes from the page at "
+                    f"'{foreign[0][:80]}' (its Origin header); open {page} to use the demo",
+                    403,
+                )
+                await refuse(refusal, scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+DEFAULT_PORTS = {"http": 80, "https": 443}
+ORIGIN = re.compile(r"(https?)://([^/?#@\s\[\]:]+|\[[0-9a-f:.]+\])(?::([0-9]{1,5}))?", re.IGNORECASE)
+
+
+def origin_of(text: str) -> tuple[str, str, int] | None:
+    """An Origin header's (scheme, host, port), lower case, the scheme's default port filled in; None for
+    anything that is not a web origin (`null`, a path, ...)."""
+    found = ORIGIN.fullmatch(text)
+    if found is None:
+        return None
+    scheme = found.group(1).lower()
+    return scheme, found.group(2).lower(), int(found.group(3) or DEFAULT_PORTS[scheme])
+
+
+def origin_text(origin: tuple[str, str, int]) -> str:
+    """An origin as a browser writes it: `http://127.0.0.1:8000`, `http://localhost` (the default port left out)."""
+    scheme, host, port = origin
+    return f"{scheme}://{host}" + ("" if port == DEFAULT_PORTS[scheme] else f":{port}")
+
+
+def own_origin(scheme: str, host: bytes | None) -> tuple[str, str, int] | None:
+    """The origin of the page this request's Host header names, as `origin_of` reads one; None without a
+    Host header (no browser's request), or with one that names no host."""
+    if host is None:
+        return None
+    return origin_of(f"{scheme}://{host.decode('latin-1').strip()}")
 
 
 def host_name(header: bytes | None) -> str | None:
@@ -150,6 +256,7 @@ class DemoEndpoints:
         self.data = models.config.data
         self.size, self.patch = self.data.image_size, self.data.patch_size
         self.lock = threading.Lock()  # one model computation at a time: torch's threads serve one request
+        self.decoding = threading.Lock()  # one upload decoded at a time: up to 4096x4096 pixels each
         self.page = {"index.html": page_file("index.html"), "demo.js": page_file("demo.js")}
 
     def routes(self) -> list[Route]:
@@ -209,10 +316,15 @@ class DemoEndpoints:
     # ---- computations ---------------------------------------------------------------------------------
     async def upload(self, request: Request) -> Response:
         try:
-            body = await read_body(request, MAX_UPLOAD_BYTES, "an uploaded image")
+            body = await read_body(request, MAX_UPLOAD_BYTES, "an uploaded image", upload_too_large())
             if not body:
                 raise BadRequest("the upload is empty; choose a PNG, JPEG or BMP file")
-            return answer(await run_in_threadpool(self._read_upload, body))
+
+            def read():
+                with self.decoding:
+                    return self._read_upload(body)
+
+            return answer(await run_in_threadpool(read))
         except (BadRequest, UserError) as e:
             return failure(e)
 
@@ -338,7 +450,35 @@ def answer(payload: dict) -> JSONResponse:
 def failure(e: Exception) -> JSONResponse:
     status = getattr(e, "status", 400)
     message = " ".join(str(e).split())
-    return AsciiJSONResponse({"error": message}, status_code=status, headers={"Cache-Control": "no-store"})
+    headers = {"Cache-Control": "no-store"} | ({"Connection": "close"} if getattr(e, "close", False) else {})
+    return AsciiJSONResponse({"error": message}, status_code=status, headers=headers)
+
+
+async def refuse(e: BadRequest, scope, receive, send) -> None:
+    """Answer a request refused before its body was read: the body is read and dropped first (`drain`),
+    so that a client still sending it reads the answer rather than a reset connection."""
+    if not await drain(scope, receive):
+        e.close = True
+    await failure(e)(scope, receive, send)
+
+
+async def drain(scope, receive) -> bool:
+    """Read a request's body to its end and drop it: whether it ended, within the body's time limits and
+    DISCARD_BYTES (a Content-Length over DISCARD_BYTES is not read at all)."""
+    declared = dict(scope["headers"]).get(b"content-length", b"")
+    if declared.isdigit() and int(declared) > DISCARD_BYTES:
+        return False
+    total = 0
+    try:
+        async for chunk in body_chunks(receive):
+            total += len(chunk)
+            if total > DISCARD_BYTES:
+                return False
+    except BadRequest:  # too slow
+        return False
+    except ClientDisconnect:  # no one to answer
+        pass
+    return True
 
 
 def stopping() -> JSONResponse:
@@ -349,25 +489,68 @@ def size_text(n: int) -> str:
     return f"{n / (1 << 20):.0f} MiB" if n >= 1 << 20 else f"{n / 1024:.0f} KiB"
 
 
-async def read_body(request: Request, limit: int, what: str) -> bytes:
-    """The request's body, refused (413) past `limit` bytes: by its Content-Length before it is read, else
-    as it arrives."""
-    too_large = BadRequest(f"{what} may be at most {size_text(limit)}; send a smaller one", 413)
+def upload_too_large() -> str:
+    """The refusal of an upload over MAX_UPLOAD_BYTES; the page says the same before it sends one (demo.js)."""
+    return f"the image is over {size_text(MAX_UPLOAD_BYTES)}, the largest upload the demo reads; choose a smaller one"
+
+
+async def body_chunks(receive):
+    """The chunks of a request's body as they arrive, each within BODY_STALL_SECONDS of the one before and
+    all within BODY_SECONDS; else BadRequest 408 (closing the connection). A client gone: ClientDisconnect."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + BODY_SECONDS
+    while True:
+        remaining = deadline - loop.time()
+        last = remaining <= BODY_STALL_SECONDS  # this wait ends at the body's deadline
+        try:
+            if remaining <= 0:
+                raise asyncio.TimeoutError
+            message = await asyncio.wait_for(receive(), min(BODY_STALL_SECONDS, remaining))
+        except asyncio.TimeoutError:
+            if last:
+                why = f"took over {BODY_SECONDS} s to arrive; send it again on a faster connection"
+            else:
+                why = f"stopped arriving (nothing came for {BODY_STALL_SECONDS} s); send it again"
+            raise BadRequest(f"the request's body {why}", 408, close=True) from None
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnect()
+        if message.get("body"):
+            yield message["body"]
+        if not message.get("more_body", False):
+            return
+
+
+async def read_body(request: Request, limit: int, what: str, too_large: str | None = None) -> bytes:
+    """The request's body, refused (413, `too_large` or a line naming `what`) past `limit` bytes, known
+    from its Content-Length or as it arrives. The body of a refusal is read to its end and dropped before
+    the answer (up to DISCARD_BYTES: past that, or a Content-Length past it, the answer closes the
+    connection); a body too slow is 408 (`body_chunks`)."""
+    refusal = too_large or f"{what} may be at most {size_text(limit)}; send a smaller one"
     declared = request.headers.get("content-length")
-    if declared is not None:
-        if not is_decimal(declared):
-            raise BadRequest(f"the Content-Length header '{declared[:40]}' is not a byte count")
-        if int(declared) > limit:
-            raise too_large
+    if declared is not None and not is_decimal(declared):
+        raise BadRequest(f"the Content-Length header '{declared[:40]}' is not a byte count", close=True)
+    if declared is not None and int(declared) > DISCARD_BYTES:
+        raise BadRequest(refusal, 413, close=True)
+    over = declared is not None and int(declared) > limit
     chunks, total = [], 0
     try:
-        async for chunk in request.stream():
+        async for chunk in body_chunks(request.receive):
             total += len(chunk)
-            if total > limit:
-                raise too_large
-            chunks.append(chunk)
+            over = over or total > limit
+            if over:
+                chunks.clear()
+                if total > DISCARD_BYTES:
+                    raise BadRequest(refusal, 413, close=True)
+            else:
+                chunks.append(chunk)
     except ClientDisconnect:  # the client went away, or its chunked body broke off: no one reads the answer
         raise BadRequest(f"{what} ended before its body did; send it again") from None
+    except BadRequest as e:
+        if over and e.status == 408:  # a body over its limit, then too slow: the limit is the answer
+            raise BadRequest(refusal, 413, close=True) from None
+        raise
+    if over:
+        raise BadRequest(refusal, 413)
     return b"".join(chunks)
 
 

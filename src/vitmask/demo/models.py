@@ -78,7 +78,9 @@ def open_models(
         device,
         loaded,
         classifier_name,
-        Examples(resolve_model_path(Path(checkpoint)), cfg),  # a shipped name: its package folder
+        # the folder the model was read from, fixed now: a shipped name gives its package folder, not the
+        # working directory's folder of that name, whatever the working directory holds later
+        Examples(resolve_model_path(Path(checkpoint)).absolute(), cfg),
     )
 
 

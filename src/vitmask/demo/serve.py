@@ -7,6 +7,15 @@ refused connection or a malformed request says nothing): the output holds the ad
 stop, and nothing per request. Listening on a loopback address (127.0.0.1, ::1, localhost), the app
 answers requests for this machine's own names only (`local_hosts`, app.HostsOnly).
 
+The connection limits (the request limits are app.py's): at most MAX_CONNECTIONS connections open at
+once (uvicorn's limit_concurrency: past it a request is answered 503 and its connection closed); a
+request's head (its request line and headers) refused (400) once MAX_HEAD_BYTES of it arrived
+unfinished (h11's limit), and complete within HEAD_SECONDS of the connection's opening or of the
+answer to its previous request, else the connection is closed (`DemoProtocol`; uvicorn times only a
+connection idle after an answer, for KEEP_ALIVE_SECONDS, and a byte of a head stops that timer).
+So a client holding connections open without finishing their heads holds each for HEAD_SECONDS at
+most, and takes no other client's turn until it holds MAX_CONNECTIONS of them at once.
+
 SIGINT (Ctrl-C) or SIGTERM sets uvicorn's exit and ends any computation under way at its next round
 (app.ServerStopping); once uvicorn has shut down it raises the signal again, which the CLI's handler
 turns into `errors.Stopped`: exit 130 or 143, as every other verb.
@@ -22,6 +31,7 @@ from pathlib import Path
 
 import h11
 import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from vitmask.demo.app import make_app
 from vitmask.demo.models import open_models
@@ -29,6 +39,11 @@ from vitmask.errors import UserError
 from vitmask.outputs import reason
 
 GRACE_SECONDS = 3  # how long a stop waits for requests under way to finish
+MAX_CONNECTIONS = 512  # connections open at once, idle ones included
+HEAD_SECONDS = 10  # from a connection's opening, or its last answer, to the end of its next request's head
+KEEP_ALIVE_SECONDS = 5  # how long a connection may sit idle after an answer
+MAX_HEAD_BYTES = 16 << 10  # of a request's line and headers, unfinished
+OWN_FILES = 256  # files the server holds open besides its connections (models, libraries, the listening socket)
 
 
 class DemoServer(uvicorn.Server):
@@ -54,6 +69,84 @@ class DemoServer(uvicorn.Server):
         finally:
             if self.serving is not None:  # a signal before the loop started it: closed, so no warning that it never ran
                 self.serving.close()
+
+
+class DemoProtocol(H11Protocol):
+    """Uvicorn's HTTP/1.1 protocol (h11) with a deadline on each request's head: a connection that has not
+    sent a complete request head HEAD_SECONDS after it opened, or after the answer to its previous
+    request (the rest of that request's body included), is closed. While the app answers a request the
+    deadline is off: the app times the request's body itself (app.body_chunks)."""
+
+    head_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        self.time_head()
+
+    def handle_events(self) -> None:
+        super().handle_events()
+        self.time_head()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self.time_head()
+
+    def connection_lost(self, exc) -> None:
+        super().connection_lost(exc)
+        self.stop_head_timer()
+
+    def time_head(self) -> None:
+        """Start the deadline when the connection waits for a request's head, stop it when one is answered."""
+        answering = self.cycle is not None and not self.cycle.response_complete
+        if answering or self.transport.is_closing():
+            self.stop_head_timer()
+        elif self.head_timer is None:
+            self.head_timer = self.loop.call_later(HEAD_SECONDS, self.head_too_slow)
+
+    def stop_head_timer(self) -> None:
+        if self.head_timer is not None:
+            self.head_timer.cancel()
+            self.head_timer = None
+
+    def head_too_slow(self) -> None:
+        self.head_timer = None
+        if not self.transport.is_closing():
+            with contextlib.suppress(h11.LocalProtocolError):
+                self.conn.send(h11.ConnectionClosed())
+            self.transport.close()
+
+
+def allow_open_files(n: int) -> None:
+    """Raise this process's soft limit on open files to `n` where it is lower and the hard limit allows it
+    (macOS starts processes at 256), so that MAX_CONNECTIONS connections can be open at once."""
+    try:
+        import resource
+    except ImportError:  # no such limit to raise (Windows)
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = n if hard == resource.RLIM_INFINITY else min(n, hard)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+
+
+def demo_server(app, stopping: threading.Event) -> DemoServer:
+    """The uvicorn server of `app` (make_app's), with the demo's limits (see the module docstring); this
+    process's limit on open files raised to hold them (`allow_open_files`)."""
+    allow_open_files(MAX_CONNECTIONS + OWN_FILES)
+    config = uvicorn.Config(
+        AnswerAtMostOnce(app),
+        http=DemoProtocol,
+        log_level="error",
+        access_log=False,
+        lifespan="off",
+        timeout_graceful_shutdown=GRACE_SECONDS,
+        limit_concurrency=MAX_CONNECTIONS,
+        timeout_keep_alive=KEEP_ALIVE_SECONDS,
+        h11_max_incomplete_event_size=MAX_HEAD_BYTES,
+        server_header=False,
+    )
+    return DemoServer(config, stopping)
 
 
 class AnswerAtMostOnce:
@@ -167,15 +260,7 @@ def serve(
     try:
         models = open_models(checkpoint, classifier, device_name, weights)
         stopping = threading.Event()
-        config = uvicorn.Config(
-            AnswerAtMostOnce(make_app(models, stopping, local_hosts(sock, host))),
-            log_level="error",
-            access_log=False,
-            lifespan="off",
-            timeout_graceful_shutdown=GRACE_SECONDS,
-            limit_concurrency=64,
-            server_header=False,
-        )
+        server = demo_server(make_app(models, stopping, local_hosts(sock, host)), stopping)
         served = models.name + (f" and the classifier {models.classifier_name}" if models.classifier else "")
         wildcard = ipaddress.ip_address(sock.getsockname()[0].split("%")[0]).is_unspecified
         everywhere = " (listening on every address of this machine)" if wildcard else ""
@@ -183,6 +268,6 @@ def serve(
             f"vitmask demo: serving {served} at {page_url(sock)}{everywhere}; open it in a browser, Ctrl-C stops it",
             flush=True,
         )
-        DemoServer(config, stopping).run(sockets=[sock])
+        server.run(sockets=[sock])
     finally:
         sock.close()

@@ -355,8 +355,16 @@ async function classify() {
   });
 }
 
+// the server's words for a file over its limit (app.upload_too_large), said before the file is sent
+function sizeText(n) {
+  return n >= 1 << 20 ? `${(n / (1 << 20)).toFixed(0)} MiB` : `${(n / 1024).toFixed(0)} KiB`;
+}
+
 async function upload(file) {
   await busy($("upload"), "reading " + file.name, async () => {
+    const limit = state.info.limits.upload_bytes;
+    if (file.size > limit)
+      throw new Error(`the image is over ${sizeText(limit)}, the largest upload the demo reads; choose a smaller one`);
     const data = await api("/api/upload", file, true);
     setImage(fromBits(data.pixels));
     say(data.note ? `${file.name}: ${data.note}` : `${file.name} read`);
