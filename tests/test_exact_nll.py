@@ -6,6 +6,7 @@ step at a time, the bound as the mean over random orders, orders listed by hand,
 
 import json
 import math
+import statistics
 
 import pytest
 import torch
@@ -184,6 +185,17 @@ def test_a_mixture_lies_between_its_best_chain_and_the_lesser_of_their_mean_and_
     assert r["mixture_by_orders"][0]["nats"] == pytest.approx(r["fixed"]["nats"], abs=1e-9)
     assert r["fixed"]["per_image"] == r["chains"][0]["per_image"]
     assert r["chains"][0]["order"] == named_order("column", 4).tolist()
+
+
+def test_each_standard_error_is_the_images_sample_std_over_the_square_root_of_their_count():
+    model, images = tiny_model(8, 2), random_images(12, 8, seed=3)
+    r = exact_nll_report(model, images, 2, orders=2, order="raster")
+    for part in (r["fixed"], r["mixture"], *r["chains"]):
+        x = part["per_image"]
+        assert statistics.stdev(x) > 0.1  # the images differ: the error is not 0 whatever it is divided by
+        assert part["se_images"] == pytest.approx(statistics.stdev(x) / math.sqrt(12), rel=1e-9)
+    assert r["mixture_by_orders"][-1]["se_images"] == pytest.approx(r["mixture"]["se_images"], rel=1e-12)
+    assert math.isnan(exact_nll_report(model, images[:1], 2, orders=1)["fixed"]["se_images"])  # one image: none
 
 
 # ---- the bound is the mean over orders ----------------------------------------------------------------

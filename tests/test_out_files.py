@@ -15,6 +15,7 @@ Expectations are the bytes and kinds of files planted by hand.
 """
 
 import errno
+import json
 import os
 import shutil
 from pathlib import Path
@@ -275,6 +276,58 @@ def test_pack_over_a_pack_swapped_for_something_else_leaves_it(run_cli, inputs, 
     monkeypatch.setattr(packs, "_replace", swapped)
     assert_user_error(run_cli("pack", "--config", inputs["config"], "--out", out), TAKEN)
     assert [p.name for p in out.iterdir()] == ["theirs.txt"] and leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("swap", ["another pack", "a new empty folder"])
+def test_pack_over_a_pack_swapped_for_another_pack_or_an_empty_folder_leaves_it(
+    run_cli, inputs, tmp_path, monkeypatch, swap
+):
+    """Each may be replaced where it is what --out named; swapped in by someone else, it is theirs."""
+    from vitmask.data import pack as packs
+
+    out, other = tmp_path / "pack", tmp_path / "other"
+    assert run_cli("pack", "--config", inputs["config"], "--out", out).returncode == 0
+    if swap == "another pack":
+        res = run_cli("pack", "--config", inputs["config"], "--set", "data.num_train=100", "--out", other)
+        assert res.returncode == 0, res.stderr
+        theirs = (other / "header.json").read_text()
+        assert json.loads(theirs)["count"] < json.loads((out / "header.json").read_text())["count"]
+    real = packs._replace
+
+    def swapped(tmp, target, replaces):
+        if swap == "a new empty folder":
+            other.mkdir()  # made while the pack still stands, so it is another folder (another inode)
+        shutil.rmtree(target)
+        os.rename(other, target)
+        return real(tmp, target, replaces)
+
+    monkeypatch.setattr(packs, "_replace", swapped)
+    assert_user_error(run_cli("pack", "--config", inputs["config"], "--out", out), TAKEN)
+    if swap == "another pack":
+        assert (out / "header.json").read_text() == theirs  # theirs, of fewer train images than ours
+    else:
+        assert out.is_dir() and list(out.iterdir()) == []
+    assert leftovers(tmp_path) == []
+
+
+def test_pack_over_its_own_pack_emptied_meanwhile_replaces_the_folder_named(run_cli, inputs, tmp_path, monkeypatch):
+    """The folder --out named, still there and empty: nothing of anyone's is lost, so it is replaced."""
+    from vitmask.data import pack as packs
+
+    out, want = tmp_path / "pack", tmp_path / "want"
+    assert run_cli("pack", "--config", inputs["config"], "--out", want).returncode == 0  # what the pack writes
+    assert run_cli("pack", "--config", inputs["config"], "--set", "data.num_train=100", "--out", out).returncode == 0
+    real = packs._replace
+
+    def emptied(tmp, target, replaces):
+        for p in target.iterdir():
+            p.unlink()
+        return real(tmp, target, replaces)
+
+    monkeypatch.setattr(packs, "_replace", emptied)
+    res = run_cli("pack", "--config", inputs["config"], "--out", out)
+    assert res.returncode == 0, res.stderr
+    assert (out / "header.json").read_text() == (want / "header.json").read_text() and leftovers(tmp_path) == []
 
 
 # ---- missing folders ---------------------------------------------------------------------------------

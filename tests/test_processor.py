@@ -124,3 +124,26 @@ def test_bad_input_is_one_clear_error(tmp_path):
         ImageProcessor.from_pretrained(tmp_path)
     with pytest.raises(UserError, match="divisible"):
         ImageProcessor(image_size=5, patch_size=2)
+
+
+@pytest.mark.parametrize("shape", [(4, 6), (4, 3), (6, 4), (3, 4)], ids=lambda s: f"{s[0]}x{s[1]}")
+def test_fit_none_refuses_an_image_of_another_size_in_either_side(shape):
+    """The height alone right (4x6) or the width alone right (6x4): another size all the same."""
+    proc = ImageProcessor(image_size=4, fit="none")
+    image = np.zeros(shape, dtype=np.uint8)
+    needle = f"{shape[0]}x{shape[1]} pixels, but the model takes 4x4 images and the fit is none"
+    for images in (image, [GRAY, image], torch.from_numpy(image)):
+        with pytest.raises(UserError, match=needle):
+            proc(images)
+
+
+def test_a_list_of_one_height_and_other_widths_fits_each_image_on_its_own():
+    """2x2 and 2x4 (one height), 4x2 and 4x4 (one width with others): each padded to 4x4 as it would be
+    alone, its patch classes written out by hand."""
+    ones = lambda h, w: np.full((h, w), 255, dtype=np.uint8)  # noqa: E731
+    padded = ImageProcessor(image_size=4, patch_size=2, fit="pad")
+    out = padded([ones(2, 2), ones(2, 4), ones(4, 2), GRAY])
+    # 2x2 centred: one pixel in each patch's inner corner; 2x4: rows 1-2; 4x2: columns 1-2
+    assert out.classes.tolist() == [[1, 2, 4, 8], [3, 3, 12, 12], [5, 10, 5, 10], CLASSES]
+    for i, image in enumerate([ones(2, 2), ones(2, 4), ones(4, 2), GRAY]):
+        assert torch.equal(out.pixels[i], padded(image).pixels[0])

@@ -104,6 +104,23 @@ def test_track_counts_one_unit_per_item(capsys, every_update):
     assert [(line["done"], line["total"]) for line in lines] == [("1", "3"), ("2", "3"), ("3", "3")]
 
 
+def test_track_counts_an_item_once_it_is_processed_not_when_it_is_handed_out(capsys, every_update):
+    """While the loop works on an item, the count says the items before it; an item the loop leaves
+    unfinished (a break, an error) is never counted."""
+
+    def done_so_far() -> list[str]:
+        return [LINE.match(line)["done"] for line in capsys.readouterr().err.splitlines() if line.startswith("w: ")]
+
+    seen = []
+    for item in track(["a", "b", "c"], "w", "items"):
+        seen.append((item, done_so_far()))
+    assert seen == [("a", []), ("b", ["1"]), ("c", ["2"])] and done_so_far() == ["3"]
+    for item in track(["a", "b", "c"], "w", "items"):
+        if item == "b":
+            break  # b was handed out, and never finished
+    assert done_so_far() == ["1"]
+
+
 def test_on_a_terminal_it_draws_a_bar_with_the_eta(monkeypatch):
     class Terminal(io.StringIO):
         def isatty(self):

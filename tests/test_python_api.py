@@ -611,6 +611,31 @@ def test_feature_layers_as_numpy_integers_or_a_list_are_their_values(pretrained)
     assert torch.equal(both[:, one.shape[1] :], model.features(images, layer=2))
 
 
+def test_fill_of_an_invert_model_inverts_the_images_once():
+    """A model trained with data.invert: fill sees the images inverted once, as training did, and
+    keeps the visible patches as those pixels; its binary pixels are not binarized (inverted) again."""
+    from vitmask.inference.masked import MaskedModel
+
+    cfg = config_from_dict({**TINY, "data": {**TINY["data"], "invert": True}})
+    torch.manual_seed(0)
+    model = build_model(cfg).eval()
+    with torch.no_grad():  # larger weights, so that what the model sees changes what it predicts
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())) * 0.5)
+    gray = gray_images(3, seed=5)
+    once = 1 - binary(gray)  # what the model sees: the threshold, then inverted
+    hidden = torch.zeros(64, dtype=torch.bool)
+    hidden[::3] = True
+    with torch.no_grad():
+        classes = model(hand_patches(once), hidden.expand(3, -1)).argmax(-1)  # (3, 64)
+        twice = model(hand_patches(binary(gray)), hidden.expand(3, -1)).argmax(-1)
+    assert not torch.equal(classes[:, hidden], twice[:, hidden])  # inverting twice would show
+    got = MaskedModel(model, cfg).fill(gray, hidden)
+    bits = ((classes.unsqueeze(-1) >> torch.arange(3, -1, -1)) & 1).float()  # class 8a + 4b + 2c + d: [a, b, c, d]
+    want = torch.where(hidden[None, :, None], bits, hand_patches(once))
+    assert torch.equal(hand_patches(got), want)
+
+
 def test_an_encoder_only_export_refuses_fill_and_logits_in_one_line(pretrained, tmp_path):
     from vitmask.store.export import export
 

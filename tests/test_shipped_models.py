@@ -354,3 +354,56 @@ def test_with_mnist_where_the_tour_downloads_it_a_shipped_model_reads_it(run_cli
     res = run_cli("reconstruct", "--checkpoint", "mnist", "--n", "4", "--out", "r.png")
     assert res.returncode == 0, res.stderr
     assert (tmp_path / "r.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    "left", [[], ["t10k-labels-idx1-ubyte"], ["t10k-labels-idx1-ubyte", "t10k-images-idx3-ubyte.gz"]]
+)
+def test_a_data_folder_without_the_data_file_is_missing_data(run_cli, tmp_path, monkeypatch, left):
+    """The file a shipped model reads is checked, not its folder: the folder torchvision's download makes,
+    holding other files but not this one, still says where to get it."""
+    raw = tmp_path / "data" / "mnist" / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    for name in left:
+        (raw / name).write_bytes(b"not this file")
+    monkeypatch.chdir(tmp_path)
+    res = run_cli("eval", "--checkpoint", "mnist", "--split", "test")
+    assert_user_error(
+        res,
+        "the shipped model mnist reads its test split from data/mnist/MNIST/raw/t10k-images-idx3-ubyte",
+        "download MNIST with torchvision",
+    )
+
+
+@pytest.mark.parametrize(
+    "make, said",
+    [
+        (lambda f: f.write_bytes(b"not an idx file"), "is not a readable idx image file"),
+        (lambda f: f.mkdir(), "no idx image files"),
+    ],
+    ids=["damaged", "a folder"],
+)
+def test_a_damaged_data_file_of_a_shipped_model_is_named_not_downloaded_again(
+    run_cli, tmp_path, monkeypatch, make, said
+):
+    raw = tmp_path / "data" / "mnist" / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    make(raw / "t10k-images-idx3-ubyte")
+    monkeypatch.chdir(tmp_path)
+    res = run_cli("eval", "--checkpoint", "mnist", "--split", "test")
+    assert_user_error(res, "data/mnist/MNIST/raw/t10k-images-idx3-ubyte", said)
+    assert "download MNIST" not in res.stderr
+
+
+@pytest.mark.parametrize(
+    "name, file, args, said",
+    [
+        ("mnist", "model.safetensors", ("count-params", "--checkpoint", "mnist"), "model.safetensors is missing"),
+        ("mnist", "config.json", ("count-params", "--checkpoint", "mnist"), "config.json is missing"),
+        ("shapes", "shipped.json", ("models",), "has no readable shipped.json"),
+    ],
+)
+def test_a_file_missing_from_a_shipped_models_folder_is_named(run_cli, installed_copy, name, file, args, said):
+    (installed_copy / name / file).unlink()
+    res = run_cli(*args)
+    assert_user_error(res, f"the shipped model {name}", said, "reinstall vitmask")

@@ -148,6 +148,30 @@ def test_auto_step_shapes_are_static_for_a_compiled_step_under_a_ratio_schedule(
     assert not static_step(cfg("train.step_shapes=masked"))
 
 
+@pytest.mark.parametrize("schedule", ["uniform", "cosine"])
+def test_auto_step_shapes_under_each_ratio_schedule_that_varies_the_masked_count(schedule):
+    """Uniform and cosine both change M from step to step: a compiled step is static under either, an
+    eager one or one with a decoder masked, and an explicit choice is kept."""
+
+    def cfg(*sets):
+        return config_from_dict(TINY, [f"mask.ratio_schedule={schedule}", "train.compile=true", *sets])
+
+    assert static_step(cfg())
+    assert not static_step(cfg("train.compile=false"))
+    assert not static_step(cfg("model.decoder=cross", "mask.fill=learned"))
+    assert not static_step(cfg("train.step_shapes=masked"))
+    assert static_step(cfg("train.compile=false", "train.step_shapes=static"))
+
+
+def test_fixed_is_the_one_ratio_schedule_that_keeps_the_masked_count():
+    from typing import get_args
+
+    from vitmask.config import RatioSchedule
+
+    assert set(get_args(RatioSchedule)) == {"fixed", "uniform", "cosine"}  # a new one: add it above
+    assert not static_step(config_from_dict(TINY, ["mask.ratio_schedule=fixed", "train.compile=true"]))
+
+
 def test_compile_mode_and_step_shapes_are_recorded_in_the_config_and_hparams(tmp_path):
     cfg = config_from_dict(TINY, ["train.compile_mode=reduce-overhead", "train.step_shapes=static"])
     assert (cfg.train.compile_mode, cfg.train.step_shapes) == ("reduce-overhead", "static")

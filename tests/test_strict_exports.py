@@ -130,6 +130,30 @@ HOSTILE_CONFIGS = {
         lambda m: json.dumps({**m, "padding": "x" * (1 << 20)}),
         "more than an export's may be (1,048,576)",
     ),
+    "weights that are neither ema nor raw": (
+        lambda m: json.dumps(_with(m, ("weights",), "best")),
+        "config.json names weights 'best' (not ema or raw)",
+    ),
+    "weights named in capitals": (
+        lambda m: json.dumps(_with(m, ("weights",), "EMA")),
+        "config.json names weights 'EMA' (not ema or raw)",
+    ),
+    "weights that are no text": (
+        lambda m: json.dumps(_with(m, ("weights",), 1)),
+        "config.json has no valid 'weights' entry",
+    ),
+    "no SHA-256 of the weights": (
+        lambda m: json.dumps(_with(m, ("sha256",), {})),
+        "config.json names no SHA-256 of model.safetensors",
+    ),
+    "a SHA-256 of another file only": (
+        lambda m: json.dumps(_with(m, ("sha256",), {"weights.bin": m["sha256"]["model.safetensors"]})),
+        "config.json names no SHA-256 of model.safetensors",
+    ),
+    "a SHA-256 that is no digest": (
+        lambda m: json.dumps(_with(m, ("sha256",), {"model.safetensors": True})),
+        "config.json names no SHA-256 of model.safetensors",
+    ),
 }
 
 

@@ -138,7 +138,8 @@ def json_depth(value: Any) -> int:
 
 def check_export_meta(meta: Any, path: Path, task: str) -> dict[str, Any]:
     """config.json's entries for an export of `task`: this format, `training` (the run's record,
-    `check_training_record`), `weights` ema or raw, `sha256`; a masked-patch export's
+    `check_training_record`), `weights` ema or raw, `sha256` with the hex SHA-256 of model.safetensors
+    (never skipped: without one the weights are refused); a masked-patch export's
     `encoder_only`, a classifier's `classifier`. One line naming the entry for anything wrong."""
     found = meta.get("format") if isinstance(meta, dict) else None
     if not isinstance(found, str) or not found.startswith("vitmask-export/"):
@@ -154,6 +155,13 @@ def check_export_meta(meta: Any, path: Path, task: str) -> dict[str, Any]:
             raise bad_export(path, f"{CONFIG_FILE} has no valid '{key}' entry", task)
     if meta["weights"] not in WEIGHT_KINDS:
         raise bad_export(path, f"{CONFIG_FILE} names weights '{meta['weights'][:40]}' (not ema or raw)", task)
+    digest = meta["sha256"].get(WEIGHTS_FILE)
+    if not isinstance(digest, str) or len(digest) != 64 or not all(c in "0123456789abcdef" for c in digest):
+        raise bad_export(
+            path,
+            f"{CONFIG_FILE} names no SHA-256 of {WEIGHTS_FILE} (its 'sha256' entry), so the weights cannot be checked",
+            task,
+        )
     check_training_record(meta["training"], path)
     return meta
 
