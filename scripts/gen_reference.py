@@ -153,11 +153,14 @@ def _shown(value: typing.Any) -> str:
 
 
 def option_default(param) -> str:
-    """The default as the page shows it: `value`, required, none, or for a flag the switch in effect."""
+    """The default as the page shows it: `value`, required, none, or for a flag the switch in effect
+    (none for an `--x/--no-x` pair that defaults to neither)."""
     if param.required:
         return "required"
     default = param.default
     if _is_flag(param):
+        if param.secondary_opts and default is None:
+            return "none"
         if param.secondary_opts:
             return code(param.opts[0] if default else param.secondary_opts[0])
         return "on" if default else "off"

@@ -131,10 +131,12 @@ def test_a_header_whose_count_disagrees_is_one_line(tmp_path, packed_dir, run_cl
 
 
 def test_a_pack_of_another_image_size_is_one_line(tmp_path, packed_dir, run_cli_in_process):
+    """The pack's 16x16 images against data.image_size 28 set on the command line (a config file's size
+    gives way to the pack's header: tests/test_binarization_record.py)."""
     cfg = packed_config(tmp_path, packed_dir, image_size=28, patch_size=2)
-    res = run_cli_in_process("train", "--config", cfg, "--run-dir", tmp_path / "run", "--device", "cpu")
-    assert_user_error(res, "16x16", "data.image_size is 28", "data.image_size=16")
-    assert not (tmp_path / "run" / "last.pt").exists()
+    args = ("train", "--config", cfg, "--run-dir", tmp_path / "run", "--device", "cpu", "--set", "data.image_size=28")
+    assert_user_error(run_cli_in_process(*args), "--set data.image_size=28", "data.image_size=16", "16x16")
+    assert not (tmp_path / "run").exists()
 
 
 def test_out_that_is_not_a_pack_is_refused_and_left_alone(tmp_path, run_cli_in_process):

@@ -852,6 +852,13 @@ def _parse_override(item: str) -> tuple[list[str], Any]:
     return key.split("."), value
 
 
+def override_keys(overrides: typing.Sequence[str]) -> dict[str, Any]:
+    """The keys `KEY=VALUE` overrides set (the command line's `--set`s), each with the value it
+    was given last, as YAML reads it: what a run asked for on the command line, told apart from
+    what its config file says."""
+    return {".".join(parts): value for parts, value in map(_parse_override, overrides)}
+
+
 def config_from_dict(raw: dict[str, Any], overrides: typing.Sequence[str] = ()) -> Config:
     """Build a Config from nested plain data, then apply `KEY=VALUE` overrides."""
     merged: dict[str, Any] = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}

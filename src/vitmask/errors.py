@@ -3,7 +3,8 @@
 A `UserError` is a problem with what the user asked for (a path, a config value, a checkpoint),
 not a bug. The CLI prints its message as one line on stderr and exits with code 2; everything
 else is left to raise normally so that real bugs keep their tracebacks. `warn` prints one line
-that does not stop anything.
+that does not stop anything; `note` one line that says what was decided for the user (a value
+taken from a pack's header over the config's, say).
 
 `Stopped` is raised by the CLI's SIGINT/SIGTERM handler outside the training loop (start-up, data
 loading, evaluation), and by `signals.check_stop`, the per-batch stop point of every long loop,
@@ -21,6 +22,12 @@ def warn(msg: str) -> None:
     """One line on stderr that does not stop the run (from rank 0 only, under torchrun)."""
     if os.environ.get("RANK", "0") == "0":
         print(f"vitmask: warning: {msg}", file=sys.stderr)
+
+
+def note(msg: str) -> None:
+    """One line on stderr saying what was decided for the user (from rank 0 only, under torchrun)."""
+    if os.environ.get("RANK", "0") == "0":
+        print(f"vitmask: note: {msg}", file=sys.stderr)
 
 
 class UserError(Exception):

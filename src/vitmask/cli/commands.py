@@ -158,6 +158,30 @@ def _group(
 ConfigOpt = typer.Option(None, "--config", "-c", help="YAML config file, e.g. configs/default.yaml.")
 SetOpt = typer.Option([], "--set", help="Override a config key, e.g. --set train.lr=3e-4 (repeatable; applied last).")
 DeviceOpt = typer.Option("auto", "--device", help="auto | cpu | cuda (auto picks cuda when available).")
+ForceOpt = typer.Option(
+    False,
+    "--force-preprocessing",
+    help="Keep a --set data.fit, data.threshold or data.invert that contradicts how the images were made binary "
+    "(a pack's header, or the pretrained model's config on the same images), and record it; refused without it.",
+)
+ApplyForceOpt = typer.Option(
+    False,
+    "--force-preprocessing",
+    help="Apply --invert/--no-invert and --threshold where they contradict how the model's training images were "
+    "made binary (its data.invert and data.threshold); refused without it.",
+)
+InvertOpt = typer.Option(
+    None,
+    "--invert/--no-invert",
+    help="Swap foreground and background after the threshold, or not: the model's data.invert (the default) must "
+    "agree unless --force-preprocessing.",
+)
+ThresholdOpt = typer.Option(
+    None,
+    "--threshold",
+    help="A pixel is foreground where its gray level >= THRESHOLD * 255, in [0, 1]: the model's data.threshold "
+    "(the default) must agree unless --force-preprocessing.",
+)
 OrderOpt = typer.Option(
     "confidence",
     "--order",
@@ -225,13 +249,14 @@ def train(
         help="ema | raw: a checkpoint's EMA weights (the default when it has them) or its trained weights.",
     ),
     device: str = DeviceOpt,
+    force_preprocessing: bool = ForceOpt,
 ) -> None:
     """Train a model; checkpoints, config.yaml and TensorBoard events go to the run dir.
 
     Under torchrun (`torchrun --nproc_per_node=N -m vitmask train ...`) it trains data-parallel.
     SIGINT/SIGTERM finish the current step, write a checkpoint and exit 130/143.
     """
-    run_dir, val = verbs.train(config, overrides, run_dir, resume, device, init, init_weights)
+    run_dir, val = verbs.train(config, overrides, run_dir, resume, device, init, init_weights, force_preprocessing)
     if os.environ.get("RANK", "0") != "0":
         return
     print(f"done: {run_dir}/last.pt  val acc {val.get('acc', float('nan')):.4f}")
@@ -419,6 +444,9 @@ def inpaint(
     choice_temperature: float = ChoiceOpt,
     device: str = DeviceOpt,
     weights: str = WeightsOpt,
+    invert: bool = InvertOpt,
+    threshold: float = ThresholdOpt,
+    force_preprocessing: bool = ApplyForceOpt,
 ) -> None:
     """Fill part of your own image: with the model's most likely patches (--temperature 0), or with
     patches drawn from its predictions, one or several (--samples) completions."""
@@ -437,6 +465,9 @@ def inpaint(
         order,
         choice_temperature,
         weights,
+        invert,
+        threshold,
+        force_preprocessing,
     )
     size = r["image_size"]
     what = f"{size}x{size}" if r["samples"] == 1 else f"the input and {r['samples']} completions"
@@ -497,9 +528,10 @@ def preview(
     out: Path = typer.Option(Path("preview.png"), "--out", help="The PNG grid to write."),
     count: int = typer.Option(16, "--count", help="Training images in the grid."),
     seed: int = typer.Option(0, "--seed", help="Seed of the sample and its masks."),
+    force_preprocessing: bool = ForceOpt,
 ) -> None:
     """Write a PNG grid of sample images with their masks, and print the dataset's statistics."""
-    print(verbs.preview(config, overrides, out, count, seed))
+    print(verbs.preview(config, overrides, out, count, seed, force_preprocessing))
     print(f"wrote {out}")
 
 
@@ -549,10 +581,16 @@ def finetune(
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the final numbers as one JSON object."),
     device: str = DeviceOpt,
+    force_preprocessing: bool = ForceOpt,
 ) -> None:
     """Train a classifier on the labels end to end: the checkpoint's encoder, a new head, pooled as
-    finetune.pool says; then its test accuracy beside the from-scratch and linear-probe baselines."""
-    r = finetune_verb.finetune(checkpoint, config, overrides, run_dir, resume, device, weights, baselines)
+    finetune.pool says; then its test accuracy beside the from-scratch and linear-probe baselines.
+    How the images were made binary (data.image_size, fit, threshold, invert) comes from the pack's
+    header, or from the pretrained model on the same raw images, over the --config file's values;
+    the classifier records it, and vitmask predict applies it to raw images."""
+    r = finetune_verb.finetune(
+        checkpoint, config, overrides, run_dir, resume, device, weights, baselines, force_preprocessing
+    )
     if as_json:
         print(json.dumps(r))
         return
@@ -592,12 +630,30 @@ def predict(
         help="pad | center_crop | resize | none: how images of another size than the model's are fitted to it, "
         "instead of the model's data.fit; each record then names it (not for a pack dir).",
     ),
+    invert: bool = InvertOpt,
+    threshold: float = ThresholdOpt,
+    force_preprocessing: bool = ApplyForceOpt,
 ) -> None:
     """Classify images with a fine-tuned classifier: each image's top-k classes (by name where the
-    labels have names) and their probabilities, through the preprocessing it was trained with."""
+    labels have names) and their probabilities, through the preprocessing it was trained with. One
+    warning line when the images' foreground share is far from its training images'."""
     from vitmask.cli.predict import predict as predict_verb
 
-    r = predict_verb(checkpoint, input_path, out, top_k, batch_size, weights, device, split, npz_key, fit=fit)
+    r = predict_verb(
+        checkpoint,
+        input_path,
+        out,
+        top_k,
+        batch_size,
+        weights,
+        device,
+        split,
+        npz_key,
+        fit=fit,
+        invert=invert,
+        threshold=threshold,
+        force_preprocessing=force_preprocessing,
+    )
     images = f"{r['images']:,} image{'' if r['images'] == 1 else 's'}"
     fitted = f", images of another size fitted by {r['fit']}" if r["fit"] else ""
     print(f"wrote {r['out']}: {images}, the top {r['top_k']} of {r['classes']} classes each{fitted}")

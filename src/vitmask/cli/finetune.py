@@ -1,7 +1,12 @@
 """`vitmask finetune`: a classifier trained end to end on the labels, on a pretrained encoder
 (train/finetune.py), in a run dir of its own through the same run machinery as `vitmask train`
 (cli/verbs.py `run_plan`: the lock, resume, signals, TensorBoard, checkpoints); then its test
-accuracy beside two baselines at the same budget."""
+accuracy beside two baselines at the same budget.
+
+A fresh fine-tuning follows how its images were made binary (data/binarization.py): a pack's
+header, or the pretrained model's config where it was trained on the same raw images, over the
+`--config` file's data keys (one note line); a contradicting `--set` is refused unless
+`force_preprocessing`. The classifier records the values it ends with."""
 
 import contextlib
 import dataclasses
@@ -11,6 +16,7 @@ import torch
 
 from vitmask.cli import verbs
 from vitmask.config import Config, load_config
+from vitmask.data.binarization import Asked, follow_pack, follow_pretrained
 from vitmask.data.per_class import check_unpackable, unpacked_splits
 from vitmask.errors import UserError
 from vitmask.evaluate.probe import run_probes
@@ -34,15 +40,17 @@ def finetune(
     device_name: str,
     weights: str | None = None,
     baselines: bool = True,
+    force_preprocessing: bool = False,
 ) -> dict:
     """Fine-tune a classifier on the labels (train/finetune.py) in a run dir of its own, on the
     trainer's loop; then its test accuracy beside the baselines at the same budget: the same
-    architecture from scratch and the linear probe of the pretrained checkpoint."""
+    architecture from scratch and the linear probe of the pretrained checkpoint.
+    `force_preprocessing` keeps a `--set` data key that contradicts the record it follows."""
     from vitmask.train.finetune import FinetuneTrainer
 
     world, device = distributed.init(resolve_device(device_name))
     try:
-        plan, pretrained = _finetune_plan(checkpoint, config, overrides, run_dir, resume, weights)
+        plan, pretrained = _finetune_plan(checkpoint, config, overrides, run_dir, resume, weights, force_preprocessing)
         check_fits(plan.cfg, device)
         source = str(checkpoint) if checkpoint is not None else plan.state.get("pretrained")
         made: dict = {}
@@ -107,12 +115,14 @@ def _finetune_plan(
     run_dir: Path | None,
     resume: str | None,
     weights: str | None,
+    force_preprocessing: bool = False,
 ):
     """What `vitmask finetune` runs: (rundir.Resolved, the pretrained model or None on resume).
 
     A fresh run takes the data and training keys from `config` and the model from `checkpoint`
-    (its `model` and `mask` sections). A resume (`--resume PATH|auto`) continues a fine-tuning
-    checkpoint; only rundir.RESUMABLE keys may change."""
+    (its `model` and `mask` sections); how the images were made binary follows the pack's header,
+    or the pretrained model's config on the same raw images (data/binarization.py). A resume
+    (`--resume PATH|auto`) continues a fine-tuning checkpoint; only rundir.RESUMABLE keys may change."""
     asked = load_config(config, overrides) if config is not None else None
     if run_dir is None and asked is not None:
         run_dir = Path("runs") / f"{asked.name}-finetune"
@@ -147,7 +157,11 @@ def _finetune_plan(
         raise UserError("finetune needs --checkpoint PATH: the pretrained checkpoint or export dir to start from")
     if asked is None:
         raise UserError("no config given; pass --config PATH (the data and training keys, e.g. configs/finetune.yaml)")
+    told = Asked.of(config, overrides, force_preprocessing)
+    asked, said = follow_pack(asked, told)
     pretrained = load_model(checkpoint, "cpu", weights, need_head=False)
+    asked, more = follow_pretrained(asked, pretrained.config, f"the pretrained model ({checkpoint})", told)
     check_same_images(pretrained.config, asked, f"checkpoint {checkpoint}")
     cfg = dataclasses.replace(asked, model=pretrained.config.model, mask=pretrained.config.mask)
-    return rundir.Resolved(Path(run_dir), cfg, None, None, rundir.new_run_id(), []), pretrained
+    plan = rundir.Resolved(Path(run_dir), cfg, None, None, rundir.new_run_id(), [], said=said + more)
+    return plan, pretrained

@@ -14,11 +14,12 @@ import torch
 
 from vitmask.config import Config, check_seed, config_from_dict, dump_config, load_config
 from vitmask.data.batches import SPLITS, eval_batches, load_labelled_splits, load_splits
+from vitmask.data.binarization import Asked, follow_pack, foreground_share, tell, warn_if_inverted
 from vitmask.data.masking import centre_box_mask
 from vitmask.data.packed import DamagedRows, PackedImages, spread
 from vitmask.data.per_class import take_per_class, unpacked_splits
 from vitmask.data.preprocess import binarize_images, load_image_file
-from vitmask.data.processor import ProcessedImages
+from vitmask.data.processor import ImageProcessor, ProcessedImages
 from vitmask.errors import UserError, warn
 from vitmask.evaluate.classify import classifier_report, confusion_image, confusion_matrix
 from vitmask.evaluate.exact_nll import AUTO, AUTO_IMAGES, check_exact_args, exact_nll_report
@@ -86,6 +87,7 @@ def train(
     device_name: str,
     init: Path | None = None,
     init_weights: str | None = None,
+    force_preprocessing: bool = False,
 ) -> tuple[Path, dict[str, float]]:
     """Start or continue a run. Returns the run dir and the final validation metrics.
 
@@ -93,15 +95,18 @@ def train(
     when it has none. Which checkpoint, which run dir, which config changes a resume may make, the
     lock and the clean-up of a failed start: rundir.py. `init` (an export dir or a checkpoint,
     `init_weights` ema | raw) starts a new run from its weights: store/init_weights.py, every check
-    before the run dir is made. Under torchrun every rank trains; only rank 0 owns and writes the
-    run dir.
+    before the run dir is made. A fresh run follows how its images were made binary: a pack's header,
+    or on the raw images `init` was trained on, its config (data/binarization.py;
+    `force_preprocessing` keeps a `--set` that contradicts them). Under torchrun every rank trains;
+    only rank 0 owns and writes the run dir.
     """
     world, device = distributed.init(resolve_device(device_name))
     try:
         init_weights_check(init, init_weights, resume)
-        plan = rundir.resolve(config, overrides, run_dir, resume)
+        plan = rundir.resolve(config, overrides, run_dir, resume, force_preprocessing)
         if init is not None:
-            plan = dataclasses.replace(plan, init=load_init(init, plan.cfg, init_weights))
+            weights = load_init(init, plan.cfg, init_weights, Asked.of(config, overrides, force_preprocessing))
+            plan = dataclasses.replace(plan, cfg=weights.config, init=weights, said=plan.said + weights.said)
         check_fits(plan.cfg, device)
         fresh = plan.state is None
         owner = rundir.RunDir(plan.run_dir, fresh, auto=resume == "auto") if world.main else contextlib.nullcontext()
@@ -122,7 +127,9 @@ def run_plan(
 ) -> dict[str, float]:
     """Load the data, build (and restore) the trainer (`make_trainer(cfg, labelled splits, device,
     logger=, world=, probe=)`, and `init=` for a plan with initial weights), write config.yaml,
-    train; failed writes (a full disk) and allocations end in one line."""
+    train; failed writes (a full disk) and allocations end in one line. Before training: the lines
+    on what the config took from a record (`plan.said`), and a warning when the train split looks
+    inverted (binarization.warn_if_inverted)."""
     cfg, run_dir = plan.cfg, plan.run_dir
     data = load_data(cfg, device, load_labelled_splits)
     trainer = None
@@ -138,6 +145,9 @@ def run_plan(
         elif plan.init is not None and world.main:
             print(f"starting a new run in {run_dir} from {plan.init.describe()}", flush=True)
         if world.main:
+            tell(plan.said)
+            share = foreground_share(data.images["train"])
+            warn_if_inverted(share, cfg.data, "the training images", repack=cfg.data.source == "packed")
             write_text(run_dir / "config.yaml", dump_config(cfg), "config", make_folder=False, replaces=REPLACE_ANY)
         val = trainer.fit(run_dir)
         trainer.close()
@@ -443,9 +453,14 @@ def inpaint(
     order: str = "confidence",
     choice_temperature: float = 0.0,
     weights: str | None = None,
+    invert: bool | None = None,
+    threshold: float | None = None,
+    force_preprocessing: bool = False,
 ) -> dict:
     """Fill the patches of a user's image under the boxes and/or mask image; write the filled image,
-    or with `samples` K > 1 a grid of the input (the hole grey) and K completions drawn from `seed`."""
+    or with `samples` K > 1 a grid of the input (the hole grey) and K completions drawn from `seed`.
+    The image is made binary as the model's training images were; `invert` and `threshold`, where
+    given, must agree with its data keys unless `force_preprocessing` (ImageProcessor.with_preprocessing)."""
     if not boxes and mask_path is None:
         raise UserError("nothing to fill; pass --box x0,y0,x1,y1 (repeatable) or --mask mask.png")
     options = inpaint_options(iterative, steps, temperature, order, choice_temperature)
@@ -461,7 +476,8 @@ def inpaint(
     check_out_file(out, inputs=(image, mask_path, path))
     replaces = file_id(out)  # the file given, if any: the only one the result may replace
     model, cfg, _ = open_model(path, device_name, seed, weights, loads_data=False)
-    data = cfg.data
+    chosen = ImageProcessor.from_config(cfg).with_preprocessing(None, invert, threshold, force_preprocessing, cli=True)
+    data = dataclasses.replace(cfg.data, invert=chosen.invert, threshold=chosen.threshold)
     gray = load_image_file(image)  # (h, w) uint8
     picture = binarize_images(gray.unsqueeze(0), data)  # (1, S, S) the training preprocessing
     pix = boxes_to_mask([parse_box(b, data.image_size) for b in boxes], data.image_size)  # (S, S)
@@ -546,11 +562,14 @@ def data_inputs(cfg: Config) -> dict[str, tuple[Path, ...]]:
     return {"inputs": (), "input_folders": (Path(data.path),)}
 
 
-def preview(config: Path | None, overrides: list[str], out: Path, count: int, seed: int) -> str:
-    """Write the preview grid of the configured data to `out`; return the statistics as text."""
+def preview(
+    config: Path | None, overrides: list[str], out: Path, count: int, seed: int, force_preprocessing: bool = False
+) -> str:
+    """Write the preview grid of the configured data to `out`; return the statistics as text. A pack
+    is previewed with the binarization its header records (data/binarization.py `follow_pack`)."""
     from vitmask.data.preview import format_stats, write_preview
 
-    cfg = resolve_config(config, overrides)
+    cfg, said = follow_pack(resolve_config(config, overrides), Asked.of(config, overrides, force_preprocessing))
     if count < 1:
         raise UserError(f"--count must be at least 1 (images in the PNG grid), got {count}")
     if count > MAX_GRID_IMAGES:
@@ -565,6 +584,7 @@ def preview(config: Path | None, overrides: list[str], out: Path, count: int, se
     replaces = file_id(out)  # the file given, if any: the only one the preview may replace
     check_fits(cfg, torch.device("cpu"), training=False, what="loading the data of")
     stats = write_preview(load_splits(cfg), cfg, out, count, seed, replaces)
+    tell(said)
     return format_stats(stats, cfg)
 
 

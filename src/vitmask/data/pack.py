@@ -23,7 +23,9 @@ the temporary directory before the process ends (the renames and the removals ru
 signals held back, so a signal cannot land between them). An `--out` that is a symbolic link to a
 pack (or to an empty folder) is packed where the link points; the link stays. The missing folders
 above `--out` are made, and removed again when the pack fails. The same inputs and config give
-the same bytes (no times, sorted JSON keys).
+the same bytes (no times, sorted JSON keys). A pack whose images are more than half foreground
+once binarized ends with one warning line: they look inverted, and the line names data.invert
+(binarization.warn_if_inverted).
 
 The checksums (packed.py): the rows' SHA-256 and each block's CRC-32 are computed from the bytes
 as they are written; `packed.seal` adds the SHA-256 of the other files and of the header.
@@ -43,6 +45,7 @@ import torch
 from vitmask import outputs
 from vitmask.config import Config
 from vitmask.data import shapes, sources
+from vitmask.data.binarization import warn_if_inverted
 from vitmask.data.class_names import pack_classes
 from vitmask.data.packed import (
     BLOCKS,
@@ -249,8 +252,15 @@ def _pack(cfg: Config, given: Path, out: Path, progress: bool, replaces: FileId 
         tmp.mkdir()
         r = row_bytes(d.image_size, d.image_size)
         blocks = BlockSums(max(1, BLOCK_BYTES // r))
+        ink = [0]  # foreground pixels of every image written
+
+        def counted(chunks: Iterator[torch.Tensor]) -> Iterator[torch.Tensor]:
+            for images in chunks:
+                ink[0] += int(images.sum(dtype=torch.int64))
+                yield images
+
         with Progress(count, "pack", "img", enabled=progress) as bar:
-            checksum, written = write_rows(tmp / ROWS, source.chunks, count, d.image_size, bar, blocks)
+            checksum, written = write_rows(tmp / ROWS, counted(source.chunks), count, d.image_size, bar, blocks)
         if written != count:
             raise UserError(f"the source gave {written} images where it announced {count}; check data.path")
         if source.labels is not None:
@@ -280,6 +290,8 @@ def _pack(cfg: Config, given: Path, out: Path, progress: bool, replaces: FileId 
         (tmp / HEADER).write_text(json.dumps(header, indent=1, sort_keys=True) + "\n")
         with signals_held():
             _replace(tmp, out, replaces)
+        if count:
+            warn_if_inverted(ink[0] / (count * d.image_size**2), d, "the packed images", repack=True)
         return header
     except OSError as e:
         raise UserError(

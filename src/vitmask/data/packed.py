@@ -40,10 +40,12 @@ import stat
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
+from vitmask.data.preprocess import FITS
 from vitmask.errors import UserError, warn
 from vitmask.outputs import reason
 from vitmask.progress import Progress
@@ -479,6 +481,35 @@ def verify_packed(path: str | Path, progress: bool = True) -> dict:
             f"wrote it; pack the source again with vitmask pack --out {ds.root}"
         )
     return {"count": len(ds.rows), "blocks": len(check) if check is not None else 0, "sha256": isinstance(want, str)}
+
+
+def binarization(path: str | Path) -> dict[str, Any]:
+    """How a pack's images were made binary, read from its header alone (no other file is opened):
+    `image_size` (the side of its square images), `fit`, `threshold` and `invert`, each where the
+    header records it. A recorded value of the wrong type is a UserError of one line naming it."""
+    root = Path(path)
+    fix = f"pack the source again with vitmask pack --out {root}"
+    if not root.is_dir():
+        raise UserError(f"data.path {root} is not a folder; point data.path at a directory written by vitmask pack")
+    header = _read_header(root, fix)
+    fields = _Fields(root / HEADER, fix)
+    height = fields.integer(header, "height", "height", 1, MAX_SIDE)
+    width = fields.integer(header, "width", "width", 1, MAX_SIDE)
+    found: dict[str, Any] = {"image_size": height} if height == width else {}
+    if "fit" in header:
+        if header["fit"] not in FITS:
+            raise fields.error(f"fit is {reprlib.repr(header['fit'])}, not one of {', '.join(FITS)}")
+        found["fit"] = header["fit"]
+    if "threshold" in header:
+        t = header["threshold"]
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t <= 1:
+            raise fields.error(f"threshold is {reprlib.repr(t)}, not a number in [0, 1]")
+        found["threshold"] = float(t)
+    if "invert" in header:
+        if not isinstance(header["invert"], bool):
+            raise fields.error(f"invert is {reprlib.repr(header['invert'])}, not true or false")
+        found["invert"] = header["invert"]
+    return found
 
 
 def check_matches_config(ds: PackedDataset, image_size: int) -> None:

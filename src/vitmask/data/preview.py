@@ -6,7 +6,9 @@ light on foreground, dark on background), and the statistics of the splits: imag
 foreground pixel fraction, the most common patch classes, the share of empty patches, and how many
 images preprocessing left blank (no pixel on) or nearly blank (under NEARLY_BLANK of their pixels
 on). When more than BLANK_WARN_SHARE of the images are blank or nearly blank, one warning line on
-stderr says so (a resize that thins strokes below the threshold, a wrong threshold or invert).
+stderr says so (a resize that thins strokes below the threshold, a wrong threshold or invert); when
+the train split is more than half foreground, one line says the images look inverted and names
+data.invert (binarization.warn_if_inverted).
 
 Shapes: B images, H = W side, N patches, P pixels per patch, C token classes.
 """
@@ -18,6 +20,7 @@ from torchvision.utils import make_grid, save_image
 
 from vitmask.config import Config
 from vitmask.data.batches import SPLITS, eval_batches
+from vitmask.data.binarization import warn_if_inverted
 from vitmask.data.patches import class_counts, patch_label, patch_mask_to_pixels
 from vitmask.errors import UserError, warn
 from vitmask.outputs import Replaces, write_atomically
@@ -140,7 +143,7 @@ def write_preview(
 ) -> dict:
     """Write the grid of `count` seeded random training images to `out` (a .png; its missing folders
     made; `replaces`: the file it may replace, outputs.write_atomically); return the stats (and
-    warn when many images are blank or nearly blank)."""
+    warn when many images are blank or nearly blank, or when they look inverted)."""
     if out.suffix.lower() != ".png":
         raise UserError(f"--out {out} must be a .png file, e.g. --out preview.png")
     if count < 1:
@@ -153,4 +156,5 @@ def write_preview(
     write_atomically(out, lambda f: save_image(grid, f), "--out", replaces=replaces)
     stats = dataset_stats(splits, cfg)
     warn_if_blank(stats, cfg)
+    warn_if_inverted(stats["foreground"]["train"], cfg.data, "the training images", cfg.data.source == "packed")
     return stats

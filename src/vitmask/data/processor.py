@@ -30,7 +30,10 @@ UserError), as is an image of another size than image_size when the fit is none.
 Fit (data.fit, preprocess.fit_images): how an image of another size is brought to image_size. The
 processor applies its own, the one the model was trained with; `fit=` of `__call__`, `binarize` and
 the models' methods chooses another for one call (pad, center_crop, resize, or none to refuse
-other sizes), as `vitmask predict --fit` does.
+other sizes), as `vitmask predict --fit` does. `invert=` and `threshold=` choose the processor's
+other two keys for one call, as `vitmask predict --invert/--no-invert --threshold` do; they are
+how the model's training images were made binary, so a value that contradicts the processor's is
+refused (a UserError naming both) unless `force_preprocessing=True` (`with_preprocessing`).
 
 Patches are numbered row by row over the image; a patch's p*p pixels are read row by row, 1 =
 foreground, and the first pixel is the most significant bit of its token class (patches.py):
@@ -204,6 +207,57 @@ class ImageProcessor:
         """This processor with another fit (None: this one's)."""
         return self if fit is None else replace(self, fit=check_fit(fit))
 
+    def with_preprocessing(
+        self,
+        fit: str | None = None,
+        invert=None,
+        threshold=None,
+        force_preprocessing: bool = False,
+        cli: bool = False,
+    ) -> "ImageProcessor":
+        """This processor with another fit, invert or threshold for one call (None: this one's). An
+        invert or threshold other than this processor's, which is how the model's training images
+        were made binary, is refused in one line naming both unless `force_preprocessing`; `cli`:
+        the message names the command line's flags (--invert, --threshold, --force-preprocessing)."""
+        if not isinstance(force_preprocessing, (bool, np.bool_)):
+            raise UserError(
+                f"force_preprocessing must be True or False, got {short(force_preprocessing)} "
+                f"(type {type(force_preprocessing).__name__})"
+            )
+        proc = self.with_fit(fit)
+        force = "--force-preprocessing" if cli else "force_preprocessing=True"
+        if invert is not None:
+            if not isinstance(invert, (bool, np.bool_)):
+                raise UserError(
+                    f"invert must be True, False or None, got {short(invert)} (type {type(invert).__name__})"
+                )
+            invert = bool(invert)
+            if invert != self.invert and not force_preprocessing:
+                given = ("--invert" if invert else "--no-invert") if cli else f"invert={invert}"
+                leave = "--invert/--no-invert" if cli else "invert"
+                raise UserError(
+                    f"{given} contradicts the model's preprocessing: its training images were made binary with "
+                    f"data.invert {str(self.invert).lower()}; leave {leave} out, or pass {force} to apply it"
+                )
+            proc = replace(proc, invert=invert)
+        if threshold is not None:
+            name = "--threshold" if cli else "threshold"
+            if isinstance(threshold, (bool, np.bool_)) or not isinstance(threshold, numbers.Real):
+                raise UserError(
+                    f"{name} must be a number in [0, 1], got {short(threshold)} (type {type(threshold).__name__})"
+                )
+            if not 0.0 <= float(threshold) <= 1.0:  # NaN fails too
+                raise UserError(f"{name} must be a number in [0, 1], got {short(threshold)}")
+            threshold = float(threshold)
+            if threshold != self.threshold and not force_preprocessing:
+                given = f"--threshold {threshold}" if cli else f"threshold={threshold}"
+                raise UserError(
+                    f"{given} contradicts the model's preprocessing: its training images were made binary at "
+                    f"data.threshold {self.threshold}; leave {name} out, or pass {force} to apply it"
+                )
+            proc = replace(proc, threshold=threshold)
+        return proc
+
     @classmethod
     def from_config(cls, cfg: Config | DataConfig) -> "ImageProcessor":
         """The processor of a config (a checkpoint's: `checkpoint_config(path)`), or of its data section."""
@@ -244,15 +298,20 @@ class ImageProcessor:
             raise UserError(f"{file}: {e}; export the model again") from None
 
     # ---- images in --------------------------------------------------------------------------------
-    def __call__(self, images, fit: str | None = None) -> ProcessedImages:
+    def __call__(
+        self, images, fit: str | None = None, invert=None, threshold=None, force_preprocessing: bool = False
+    ) -> ProcessedImages:
         """Images (see the module docstring) -> ProcessedImages: pixels (B, S, S), patches, classes.
-        `fit` (pad, center_crop, resize, none) fits images of another size instead of the processor's fit."""
-        return ProcessedImages(self.binarize(images, fit), self.patch_size)
+        `fit` (pad, center_crop, resize, none) fits images of another size instead of the processor's fit;
+        `invert` and `threshold` must agree with the processor's unless `force_preprocessing`."""
+        return ProcessedImages(self.binarize(images, fit, invert, threshold, force_preprocessing), self.patch_size)
 
-    def binarize(self, images, fit: str | None = None) -> torch.Tensor:
+    def binarize(
+        self, images, fit: str | None = None, invert=None, threshold=None, force_preprocessing: bool = False
+    ) -> torch.Tensor:
         """Images -> (B, S, S) uint8 0/1: fitted (by `fit`, else the processor's), thresholded, inverted
-        as in training."""
-        proc = self.with_fit(fit)
+        as in training (`invert`, `threshold`: see `with_preprocessing`)."""
+        proc = self.with_preprocessing(fit, invert, threshold, force_preprocessing)
         if isinstance(images, (list, tuple)):
             if not images:
                 raise UserError("no images given (an empty list); pass one image or a list of them")

@@ -10,10 +10,15 @@ its export dir (store/classifier.py), or a shipped classifier's name (`mnist-cla
 through `classifier.processor` (the preprocessing the model was trained with; the layouts it reads:
 data/processor.py, docs/python.md) unless they are already `ProcessedImages` of the model's image
 size. `fit=` (pad, center_crop, resize, none) fits images of another size by that choice instead of
-the model's data.fit; `Predictions.fit` says which fit was applied. Everything runs in fp32 in eval
-mode, `BATCH` images at a time, under no_grad; `vitmask predict` and `vitmask eval` call the same
-methods, so the CLI and Python give the same numbers for the same images. Every argument is checked
-before any work (a UserError in one line).
+the model's data.fit; `Predictions.fit` says which fit was applied. `invert=` and `threshold=` must
+agree with the model's data.invert and data.threshold, how its training images were made binary,
+unless `force_preprocessing=True` (ImageProcessor.with_preprocessing); `Predictions.invert` and
+`.threshold` say which were applied. Each call that reads images warns once (one line on stderr)
+when their foreground share is far from that of the model's training images, where the classifier's
+files record it (data/binarization.py `far_from`). Everything runs in fp32 in
+eval mode, `BATCH` images at a time, under no_grad; `vitmask predict` and `vitmask eval` call the
+same methods, so the CLI and Python give the same numbers for the same images. Every argument is
+checked before any work (a UserError in one line).
 
 Shapes: B images, S image side, N patches, P pixels per patch, F pooled features, L classes, k top-k.
 """
@@ -25,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from vitmask.data.binarization import pixels_share, warn_if_far
 from vitmask.data.patches import patchify
 from vitmask.data.processor import ImageProcessor, ProcessedImages, check_path, short
 from vitmask.errors import UserError
@@ -44,6 +50,8 @@ class Predictions:
     names: list[list[str]]  # B lists of k class names
     probabilities: torch.Tensor  # (B, k) float32 softmax probabilities
     fit: str | None = None  # the fit applied to the images (pad, center_crop, resize, none); None: given processed
+    invert: bool | None = None  # the invert applied to the images; None: given processed
+    threshold: float | None = None  # the threshold applied to the images; None: given processed
 
     def __len__(self) -> int:
         return len(self.classes)
@@ -84,47 +92,81 @@ class ImageClassifier:
         self.model.to(api_device(device))
         return self
 
-    def pixels(self, images, fit: str | None = None) -> torch.Tensor:
+    def pixels(
+        self, images, fit: str | None = None, invert=None, threshold=None, force_preprocessing: bool = False
+    ) -> torch.Tensor:
         """Images (anything the processor takes, or ProcessedImages) -> (B, S, S) uint8 0/1 pixels."""
-        return model_pixels(images, self.processor, fit)
+        return model_pixels(images, self.processor, fit, invert, threshold, force_preprocessing)
+
+    @property
+    def trained_foreground_share(self) -> float | None:
+        """The share of 1-pixels of the images it was fine-tuned on; None where its files record none."""
+        return self.record.get("foreground_share")
 
     def applied_fit(self, images, fit: str | None) -> str | None:
         """The fit `pixels(images, fit)` applies: `fit`, else the processor's; None for ProcessedImages."""
         return None if isinstance(images, ProcessedImages) else fit or self.processor.fit
 
+    def _checked_pixels(self, images, fit, invert, threshold, force_preprocessing) -> torch.Tensor:
+        """`pixels`, with one warning line when their foreground share is far from the training images'."""
+        pixels = self.pixels(images, fit, invert, threshold, force_preprocessing)  # (B, S, S)
+        processor = self.processor.with_preprocessing(fit, invert, threshold, force_preprocessing)
+        share = pixels_share(pixels)
+        warn_if_far(share, len(pixels), self.trained_foreground_share, processor, "invert= and threshold=")
+        return pixels
+
     @torch.no_grad()
-    def _batched(self, images, forward, fit: str | None) -> torch.Tensor:
-        pixels = self.pixels(images, fit)  # (B, S, S)
+    def _batched(self, pixels: torch.Tensor, forward) -> torch.Tensor:
         p = self.processor.patch_size
         out = [forward(patchify(chunk.to(self.device), p).float()).float() for chunk in pixels.split(BATCH)]
         return torch.cat(out).cpu()
 
-    def logits(self, images, fit: str | None = None) -> torch.Tensor:
+    def logits(
+        self, images, fit: str | None = None, invert=None, threshold=None, force_preprocessing: bool = False
+    ) -> torch.Tensor:
         """(B, L) float32 logits, on the CPU."""
-        return self._batched(images, self.model, fit)
+        pixels = self._checked_pixels(images, fit, invert, threshold, force_preprocessing)
+        return self._batched(pixels, self.model)
 
-    def probabilities(self, images, fit: str | None = None) -> torch.Tensor:
+    def probabilities(
+        self, images, fit: str | None = None, invert=None, threshold=None, force_preprocessing: bool = False
+    ) -> torch.Tensor:
         """(B, L) float32 softmax probabilities, on the CPU."""
-        return self.logits(images, fit).softmax(-1)
+        return self.logits(images, fit, invert, threshold, force_preprocessing).softmax(-1)
 
-    def features(self, images, fit: str | None = None) -> torch.Tensor:
+    def features(
+        self, images, fit: str | None = None, invert=None, threshold=None, force_preprocessing: bool = False
+    ) -> torch.Tensor:
         """(B, F) float32: the encoder's final tokens pooled as the classifier pools them (`vitmask probe
         --pool` with the fine-tuning's finetune.pool and .grid), before its norm and head; on the CPU."""
-        return self._batched(images, self.model.features, fit)
+        pixels = self._checked_pixels(images, fit, invert, threshold, force_preprocessing)
+        return self._batched(pixels, self.model.features)
 
-    def predict(self, images, top_k: int = 1, fit: str | None = None) -> Predictions:
-        """The `top_k` likeliest classes of each image, with their names and probabilities, and the fit
-        applied (`fit`: pad, center_crop, resize or none for images of another size; default the model's)."""
+    def predict(
+        self,
+        images,
+        top_k: int = 1,
+        fit: str | None = None,
+        invert=None,
+        threshold=None,
+        force_preprocessing: bool = False,
+    ) -> Predictions:
+        """The `top_k` likeliest classes of each image, with their names and probabilities, and the
+        preprocessing applied (`fit`: pad, center_crop, resize or none for images of another size;
+        `invert`, `threshold`: the model's unless forced; default the model's)."""
         top_k = check_top_k(top_k, len(self.classes))
-        top = self.top_k(self.probabilities(images, fit), top_k)
-        top.fit = self.applied_fit(images, fit)
+        top = self.top_k(self.probabilities(images, fit, invert, threshold, force_preprocessing), top_k)
+        if not isinstance(images, ProcessedImages):
+            processor = self.processor.with_preprocessing(fit, invert, threshold, force_preprocessing)
+            top.fit, top.invert, top.threshold = processor.fit, processor.invert, processor.threshold
         return top
 
     def top_k_of_pixels(self, pixels: torch.Tensor, top_k: int) -> Predictions:
         """Binary images (B, S, S) uint8 0/1, taken as they are (not thresholded again) -> the `top_k`
         likeliest classes of each: what `vitmask predict` gives each batch of images it has read
         (and vitmask demo each image on its page)."""
-        return self.top_k(self.probabilities(ProcessedImages(pixels, self.processor.patch_size)), top_k)
+        pixels = model_pixels(ProcessedImages(pixels, self.processor.patch_size), self.processor, None)
+        return self.top_k(self._batched(pixels, self.model).softmax(-1), top_k)
 
     def top_k(self, probabilities: torch.Tensor, top_k: int) -> Predictions:
         """(B, L) probabilities -> the top_k classes of each row (ties: the lower index first)."""
@@ -142,13 +184,27 @@ class ImageClassifier:
         return Predictions(classes, values[classes], names, probs)
 
 
-def model_pixels(images, processor: ImageProcessor, fit: str | None) -> torch.Tensor:
-    """Images -> (B, S, S) uint8 0/1 pixels by `processor` (by `fit` for other sizes, when given); or
-    ProcessedImages, checked: the processor's image size S, 0/1 values, at least one image."""
+def model_pixels(
+    images,
+    processor: ImageProcessor,
+    fit: str | None,
+    invert=None,
+    threshold=None,
+    force_preprocessing: bool = False,
+) -> torch.Tensor:
+    """Images -> (B, S, S) uint8 0/1 pixels by `processor` (by `fit` for other sizes, `invert` and
+    `threshold` when given: ImageProcessor.with_preprocessing); or ProcessedImages, checked: the
+    processor's image size S, 0/1 values, at least one image."""
     if not isinstance(images, ProcessedImages):
-        return processor(images, fit).pixels
+        return processor(images, fit, invert, threshold, force_preprocessing).pixels
     if fit is not None:
         raise UserError(f"fit={short(fit)} fits raw images; these are ProcessedImages, fitted already: leave fit out")
+    for name, value in (("invert", invert), ("threshold", threshold)):
+        if value is not None:
+            raise UserError(
+                f"{name}={short(value)} binarizes raw images; these are ProcessedImages, binary already: leave "
+                f"{name} out"
+            )
     pixels, s = images.pixels, processor.image_size
     if len(pixels) == 0:
         raise UserError("the ProcessedImages hold no images; pass at least one")

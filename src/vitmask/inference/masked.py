@@ -12,9 +12,10 @@ it has them, or an export dir; an encoder-only export gives features only). Imag
 `model.processor` (the preprocessing it was trained with; the layouts it reads: data/processor.py,
 docs/python.md) unless they are already `ProcessedImages` of the model's image size; `fit=` (pad,
 center_crop, resize, none) fits images of another size by that choice instead of the model's
-data.fit. A mask is (N,) or (B, N), bool or integers 0/1, True = hidden. `model.model` is the
-MaskedPatchViT itself (`model(patches, mask)`). Every argument is checked before any work (a
-UserError in one line).
+data.fit; `invert=` and `threshold=` must agree with the model's data.invert and data.threshold
+unless `force_preprocessing=True` (ImageProcessor.with_preprocessing). A mask is (N,) or (B, N),
+bool or integers 0/1, True = hidden. `model.model` is the MaskedPatchViT itself (`model(patches,
+mask)`). Every argument is checked before any work (a UserError in one line).
 
 Shapes: B images, S image side, N patches, P pixels per patch, C token classes, F features.
 """
@@ -57,12 +58,22 @@ class MaskedModel:
         self.model.to(api_device(device))
         return self
 
-    def pixels(self, images, fit: str | None = None) -> torch.Tensor:
+    def pixels(
+        self, images, fit: str | None = None, invert=None, threshold=None, force_preprocessing: bool = False
+    ) -> torch.Tensor:
         """Images (anything the processor takes, or ProcessedImages) -> (B, S, S) uint8 0/1 pixels."""
-        return model_pixels(images, self.processor, fit)
+        return model_pixels(images, self.processor, fit, invert, threshold, force_preprocessing)
 
     def features(
-        self, images, pool: str = DEFAULT_POOL, grid: int | None = None, layer=None, fit: str | None = None
+        self,
+        images,
+        pool: str = DEFAULT_POOL,
+        grid: int | None = None,
+        layer=None,
+        fit: str | None = None,
+        invert=None,
+        threshold=None,
+        force_preprocessing: bool = False,
     ) -> torch.Tensor:
         """(B, F) float32 on the CPU: the encoder's tokens of the whole images (nothing hidden), pooled as
         `vitmask probe --pool POOL --grid G --layer K` pools them (default: the 4 x 4 grid of token
@@ -74,7 +85,7 @@ class MaskedModel:
         layer = layer_argument(layer)
         check_layer(layer, self.config.model.depth, python=True)
         grid = check_pool(pool, None if grid is None else int(grid), self.config, python=True)
-        pixels = self.pixels(images, fit)
+        pixels = self.pixels(images, fit, invert, threshold, force_preprocessing)
         return extract_features(self.model, pixels, self.processor.patch_size, layer, grid).cpu()
 
     def hidden_mask(self, mask, count: int) -> torch.Tensor:
@@ -111,12 +122,14 @@ class MaskedModel:
         return mask
 
     @torch.no_grad()
-    def logits(self, images, mask, fit: str | None = None) -> torch.Tensor:
+    def logits(
+        self, images, mask, fit: str | None = None, invert=None, threshold=None, force_preprocessing: bool = False
+    ) -> torch.Tensor:
         """(B, N, C) float32 on the CPU: the model's prediction for every patch, with the patches of
         `mask` ((N,) or (B, N) bool, True = hidden) hidden from it."""
         if self.model.head is None:
             raise UserError("this export holds the encoder only (--encoder-only): it gives features, not patches")
-        pixels = self.pixels(images, fit)  # (B, S, S)
+        pixels = self.pixels(images, fit, invert, threshold, force_preprocessing)  # (B, S, S)
         mask = self.hidden_mask(mask, len(pixels))  # (B, N)
         p = self.processor.patch_size
         out = []
@@ -125,12 +138,14 @@ class MaskedModel:
             out.append(predict_every_patch(self.model, patches, hidden).float().cpu())  # (b, N, C)
         return torch.cat(out)
 
-    def fill(self, images, mask, fit: str | None = None) -> torch.Tensor:
+    def fill(
+        self, images, mask, fit: str | None = None, invert=None, threshold=None, force_preprocessing: bool = False
+    ) -> torch.Tensor:
         """(B, S, S) uint8 0/1 on the CPU: the binary images with every hidden patch replaced by the
         model's likeliest patch (one shot), the visible ones kept."""
         if self.model.head is None:
             raise UserError("this export holds the encoder only (--encoder-only): it gives features, not patches")
-        pixels = self.pixels(images, fit).cpu()
+        pixels = self.pixels(images, fit, invert, threshold, force_preprocessing).cpu()
         mask = self.hidden_mask(mask, len(pixels)).cpu()
         classes = self.logits(ProcessedImages(pixels, self.processor.patch_size), mask).argmax(-1)  # (B, N)
         return paste_predictions(pixels, mask, classes, self.processor.patch_size)

@@ -4,7 +4,8 @@ probabilities, as CSV or JSON (by the suffix).
 - `.csv`: a header `name,class_1,probability_1,...,class_k,probability_k`, then one row per image;
 - `.json`: a list of `{"name": ..., "classes": [k names], "probabilities": [k numbers]}`.
 
-With `--fit`, each record also names the fit applied: a last CSV column `fit`, a JSON entry `"fit"`.
+With `--fit`, each record also names the fit applied: a last CSV column `fit`, a JSON entry `"fit"`;
+with `--invert`/`--no-invert` and `--threshold`, likewise `invert` (true or false) and `threshold`.
 
 Names are the classifier's class names (a folder's class subfolders, a pack's classes, ...; the
 label values as text where the training data named none), likeliest first. Probabilities are
@@ -33,6 +34,7 @@ from vitmask.inference.classifier import Predictions
 from vitmask.outputs import check_out_file, write_text
 
 SUFFIXES = (".csv", ".json")
+APPLIED = ("fit", "invert", "threshold")  # the preprocessing a record names, where predict was given it
 
 
 def check_predictions_out(out: Path, inputs: tuple[Path, ...]) -> None:
@@ -55,12 +57,13 @@ def predictions_text(rows: list[dict], suffix: str, top_k: int) -> str:
     """The records as the text of a .csv or .json file (module docstring: how names are written)."""
     if suffix == ".json":
         return json.dumps(rows, indent=1) + "\n"  # ASCII: every other character as a JSON escape
-    extra = [k for k in ("fit",) if rows and k in rows[0]]  # --fit: the fit applied
+    extra = [k for k in APPLIED if rows and k in rows[0]]  # --fit, --invert, --threshold: what was applied
     header = ["name", *(f"{kind}_{i}" for i in range(1, top_k + 1) for kind in ("class", "probability")), *extra]
     lines = [",".join(header)]
     for row in rows:
         pairs = [v for c, p in zip(row["classes"], row["probabilities"], strict=True) for v in (c, repr(p))]
-        lines.append(",".join(csv_field(v) for v in (row["name"], *pairs, *(row[k] for k in extra))))
+        applied = (str(row[k]).lower() if isinstance(row[k], bool) else str(row[k]) for k in extra)
+        lines.append(",".join(csv_field(v) for v in (row["name"], *pairs, *applied)))
     return "".join(line + "\n" for line in lines)
 
 

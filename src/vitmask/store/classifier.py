@@ -16,7 +16,8 @@ that holds files is refused):
   (token classes), `fill`), the preprocessing (`data`: image_size, patch_size, threshold, invert,
   fit, bit_order), `classifier` (pool, grid, the feature width, and `classes`: index, label value
   and name of each), the run it came from (`training`: its config, step, run id, figures, the
-  pretrained model it started from) and the SHA-256 of the weights;
+  pretrained model it started from, `foreground_share`: the share of 1-pixels of its training
+  images, where the checkpoint records it) and the SHA-256 of the weights;
 - `README.md`: a model card: the classes, the data, the figures of the run, how to use it;
 - `model.onnx` with `--onnx` (onnx_export.py): `images` (B, S, S) 0/1 pixels in, `logits` (B, L) out.
 
@@ -73,7 +74,8 @@ class LoadedClassifier(NamedTuple):
     config: Config
     classes: ClassLabels
     weights: str  # ema | raw
-    record: dict[str, Any]  # the run it came from: step, run_id, val, best_val_loss, pretrained, ema_decay
+    record: dict[str, Any]  # the run it came from: step, run_id, val, best_val_loss, pretrained, ema_decay,
+    # foreground_share (None where the files record none)
 
 
 # ---- which file is a classifier ---------------------------------------------------------------------
@@ -108,10 +110,10 @@ def load_classifier_model(
     state = files.entry(kind)
     if files.is_export:
         classes = export_classes(files.meta, path)
-        record = files.meta["training"]
+        record = {**files.meta["training"], "foreground_share": files.meta["training"].get("foreground_share")}
     else:
         classes = checkpoint_classes(files.meta.get("labels"), head_rows(state, path), path)
-        record = checkpoint_record(files.meta, cfg)
+        record = checkpoint_record(files.meta, cfg, path)
     model = new_classifier(cfg, len(classes))
     files.load_into(model, state)
     model.to(device).eval()
@@ -133,9 +135,17 @@ def head_rows(state: dict[str, torch.Tensor], path: Path) -> int:
     return head.shape[0]
 
 
-def checkpoint_record(state: dict[str, Any], cfg: Config) -> dict[str, Any]:
-    """The run a fine-tuning checkpoint comes from: step, run id, figures, the pretrained model."""
+def checkpoint_record(state: dict[str, Any], cfg: Config, path: Path | None = None) -> dict[str, Any]:
+    """The run a fine-tuning checkpoint comes from: step, run id, figures, the pretrained model, the
+    foreground share of its training images (None where it records none)."""
+    share = state.get("foreground_share")
+    if share is not None and not model_files.is_share(share):
+        raise UserError(
+            f"checkpoint {path} is damaged: its foreground_share is {str(share)[:40]}, not a number in [0, 1]; "
+            f"{checkpoint.OTHER_CHECKPOINT}"
+        )
     return {
+        "foreground_share": share,
         "step": state.get("step"),
         "run_id": state.get("run_id"),
         "val": state.get("val") if isinstance(state.get("val"), dict) else None,
@@ -229,6 +239,7 @@ def classifier_metadata(loaded: LoadedClassifier, source: Path) -> dict[str, Any
             "ema_decay": cfg.train.ema_decay,
             "best_val_loss": record.get("best_val_loss"),
             "val": record.get("val") if isinstance(record.get("val"), dict) else None,
+            "foreground_share": record.get("foreground_share"),
         },
     }
 

@@ -8,7 +8,10 @@ verb's `--checkpoint`, with every check of the files. The run itself is new: ste
 a fresh optimizer and schedule, its own run dir; only the model's weights (and the EMA's, which
 starts as their copy) come from PATH.
 
-The run's config must describe the same weights (`check_same_model`): the image and patch size,
+On the very raw images the weights were trained on (the same source and path), the run follows
+how they were made binary (data/binarization.py `follow_pretrained`: the weights' data.fit,
+threshold, invert and image size over the config file's, in one note line; a contradicting `--set`
+refused unless forced). The run's config must describe the same weights (`check_same_model`): the image and patch size,
 `mask.fill`, and every `model` key except the few that leave the weights as they are
 (`WEIGHT_FREE`: dropout, the attention implementation, an init that the loaded weights replace).
 The first key that differs is one line naming it and the fix. Everything here runs before the run
@@ -26,6 +29,7 @@ from typing import Any
 import torch
 
 from vitmask.config import Config, flatten_config
+from vitmask.data.binarization import Asked, Said, follow_pretrained
 from vitmask.errors import UserError
 from vitmask.pretrained import resolve_model_path
 from vitmask.store import export as exports
@@ -41,6 +45,8 @@ class InitWeights:
 
     state: dict[str, torch.Tensor]
     record: dict[str, Any]  # path, kind (export | checkpoint), weights (ema | raw), step, run_id
+    config: Config | None = None  # the run's config, following the weights' binarization (`load_init`)
+    said: Said = ()  # the lines that say what it took from them (binarization.tell)
 
     def describe(self) -> str:
         r = self.record
@@ -59,10 +65,12 @@ def check_flags(init: Path | None, weights: str | None, resume: str | None) -> N
     exports.check_weights(weights, INIT_FLAG)
 
 
-def load_init(path: Path, cfg: Config, weights: str | None = None) -> InitWeights:
+def load_init(path: Path, cfg: Config, weights: str | None = None, asked: Asked | None = None) -> InitWeights:
     """The weights at `path` for a new run of `cfg` (`weights`: ema | raw, default the EMA's when there
     are any), checked to be the same model; a UserError in one line for anything wrong. `path` may name a
-    shipped model (`resolve_model_path`: an existing path wins); the record keeps what the user passed."""
+    shipped model (`resolve_model_path`: an existing path wins); the record keeps what the user passed.
+    With `asked` (what the command line set), `cfg` follows the weights' binarization on the same raw
+    images first (`follow_pretrained`); the config the run then has is the result's `config`."""
     given, path = Path(path), resolve_model_path(path)
     if not path.exists() and not path.is_symlink():
         raise UserError(
@@ -70,6 +78,9 @@ def load_init(path: Path, cfg: Config, weights: str | None = None) -> InitWeight
             "written by vitmask train, or a shipped model's name (vitmask models lists them)"
         )
     loaded = exports.load_model(path, "cpu", weights, need_head=True, flag=INIT_FLAG)
+    said: Said = ()
+    if asked is not None:
+        cfg, said = follow_pretrained(cfg, loaded.config, f"the weights of --init {given}", asked)
     check_same_images(loaded.config, cfg, f"--init {given}")
     check_same_model(loaded.config, cfg, given)
     kind, source = exports.loaded_weights(path, loaded.state, weights)
@@ -80,7 +91,7 @@ def load_init(path: Path, cfg: Config, weights: str | None = None) -> InitWeight
         "step": source.get("step"),
         "run_id": source.get("run_id"),
     }
-    return InitWeights(loaded.model.state_dict(), record)
+    return InitWeights(loaded.model.state_dict(), record, cfg, said)
 
 
 def check_same_images(trained: Config, asked: Config, what: str) -> None:

@@ -179,6 +179,11 @@ def _is_number(v: Any) -> bool:
     return True
 
 
+def is_share(v: Any) -> bool:
+    """A share: an int or a float (not a bool) in [0, 1] (NaN is not)."""
+    return _is_number(v) and 0 <= v <= 1
+
+
 def is_int64(v: Any) -> bool:
     """An int (not a bool) that torch's int64 holds."""
     return type(v) is int and INT_RANGE[0] <= v <= INT_RANGE[1]
@@ -200,6 +205,8 @@ def check_training_record(t: dict[str, Any], path: Path) -> None:
     for key in ("best_val_loss", "ema_decay"):
         if t.get(key) is not None and not _is_number(t[key]):
             raise bad(key, "a number")
+    if t.get("foreground_share") is not None and not is_share(t["foreground_share"]):
+        raise bad("foreground_share", "a share of pixels (a number in [0, 1])")
     val = t.get("val")
     if val is not None:
         rows = val.values() if isinstance(val, dict) else None

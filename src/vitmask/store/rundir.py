@@ -8,6 +8,9 @@ Resolving a run (`resolve`), before anything is written:
   newest first. A damaged one is passed over with one warning line; a run dir whose checkpoints
   all fail to load is refused (it is never started afresh over them). No checkpoint at all: a
   fresh start.
+- A fresh run on a pack (data.source packed) takes how its images were made binary from the
+  pack's header (data/binarization.py: one note line over the config file's values, a contradicting
+  `--set` refused unless `force_preprocessing`); a resumed run keeps its checkpoint's config.
 - A fresh run gets a new run id; a resumed one keeps its checkpoint's. Every checkpoint carries
   the id (`run_id`), and a run dir's id is that of its newest loadable checkpoint.
 - Foreign runs: `--resume PATH --run-dir DIR` is refused when DIR holds checkpoints of another
@@ -50,6 +53,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vitmask.config import Config, flatten_config, load_config
+from vitmask.data.binarization import Asked, Said, follow_pack
 from vitmask.errors import UserError, warn
 from vitmask.outputs import WriteError, os_error_in, reason, write_error
 from vitmask.signals import resume_command, signals_held
@@ -97,6 +101,7 @@ class Resolved:
     run_id: str
     changes: list[str]  # "key old -> new" for each RESUMABLE key changed on resume
     init: InitWeights | None = None  # the weights a new run starts from (vitmask train --init)
+    said: Said = ()  # lines on what the config took from a record (binarization.follow), said as the run starts
 
 
 # ---- which checkpoint -------------------------------------------------------------------------
@@ -196,8 +201,16 @@ def reconcile(trained: Config, asked: Config) -> list[str]:
     return [f"{k} {old.get(k)!r} -> {new[k]!r}" for k in diff]
 
 
-def resolve(config: Path | None, overrides: list[str], run_dir: Path | None, resume: str | None) -> Resolved:
-    """Decide the run dir, the checkpoint and the config of `vitmask train` (nothing is written)."""
+def resolve(
+    config: Path | None,
+    overrides: list[str],
+    run_dir: Path | None,
+    resume: str | None,
+    force_preprocessing: bool = False,
+) -> Resolved:
+    """Decide the run dir, the checkpoint and the config of `vitmask train` (nothing is written).
+    A fresh run on a pack follows its header (`follow_pack`; `force_preprocessing` keeps a `--set`
+    that contradicts it)."""
     state = source = None
     same_run = True
     if resume is not None and resume != "auto":
@@ -220,8 +233,9 @@ def resolve(config: Path | None, overrides: list[str], run_dir: Path | None, res
         if config is None:
             where = f" (no checkpoint in {run_dir} to continue)" if resume == "auto" else ""
             raise UserError(f"no config given{where}; pass --config PATH (for example configs/default.yaml)")
-        cfg = load_config(config, overrides)
-        return Resolved(Path(run_dir) if run_dir else Path("runs") / cfg.name, cfg, None, None, new_run_id(), [])
+        cfg, said = follow_pack(load_config(config, overrides), Asked.of(config, overrides, force_preprocessing))
+        where = Path(run_dir) if run_dir else Path("runs") / cfg.name
+        return Resolved(where, cfg, None, None, new_run_id(), [], said=said)
     trained = config_of(state, source)
     asked = load_config(config, overrides) if config is not None else config_of(state, source, overrides)
     changes = reconcile(trained, asked)

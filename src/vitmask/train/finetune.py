@@ -16,7 +16,10 @@ on frozen features; the optimizer's state keeps its shape, so resume stays exact
 images and labels, and cross-entropy on the labels. It trains with AdamW whatever
 `train.optimizer` says (`train.lr`, betas, eps, weight decay and schedule are read).
 Its checkpoints are marked `task: finetune` and keep the classes: `labels`, the label value and the
-name of each class index (data/class_names.py), which `vitmask predict`, `eval` and `export` read.
+name of each class index (data/class_names.py), which `vitmask predict`, `eval` and `export` read,
+and `foreground_share`, the share of 1-pixels of the train split it reads (over at most 4,096 of its
+images, data/binarization.py), against which `vitmask predict` and the Python API check the images
+they are given.
 
 Two regularisers act on the training batches only (validation and test see whole, unmoved images),
 both off by default and drawn, like the batch order, from generators seeded by (seed, step), so a
@@ -36,6 +39,7 @@ from torch import nn
 
 from vitmask.config import Config, TrainConfig
 from vitmask.data.batches import EpochOrder, LabelledSplits, mix64
+from vitmask.data.binarization import foreground_share
 from vitmask.data.class_names import class_names
 from vitmask.data.masking import random_mask
 from vitmask.data.patches import patchify
@@ -299,6 +303,7 @@ class FinetuneTrainer(Trainer):
         self.labels, self.num_labels = class_indices(labels)
         values = torch.cat(list(labels.values())).unique().tolist()  # the label value of each class index
         self.classes = {"values": values, "names": class_names(cfg.data, values)}
+        self.foreground_share = foreground_share(data.images["train"])  # of the images it trains on
         self.grid = pool_grid(cfg)
         self.encoder_state = encoder
         self.pretrained = pretrained
@@ -348,7 +353,13 @@ class FinetuneTrainer(Trainer):
         return F.cross_entropy(logits.float(), mb.labels), logits.detach().argmax(-1), mb.labels
 
     def state_dict(self) -> dict:
-        return {**super().state_dict(), "task": "finetune", "pretrained": self.pretrained, "labels": self.classes}
+        return {
+            **super().state_dict(),
+            "task": "finetune",
+            "pretrained": self.pretrained,
+            "labels": self.classes,
+            "foreground_share": self.foreground_share,
+        }
 
     def test_accuracy(self, images: torch.Tensor) -> float:
         """Accuracy on the test split (the EMA's weights when there is an EMA), in fp32 as `vitmask eval`

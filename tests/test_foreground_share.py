@@ -1,0 +1,165 @@
+"""The foreground-share warning of `vitmask predict` and the Python API (data/binarization.py), on real
+images: a classifier fine-tuned on MNIST's test-set images records the share of 1-pixels of its training
+images, and each call warns once when the images given are far from it. It must stay silent on MNIST's
+own test images (every one alone, in batches of 16, all together) and on the data it was trained on, and
+fire on dark-on-white drawings made binary without inverting them.
+
+The shares expected are counted here with numpy on the idx file (a pixel is foreground at gray level 128
+or more, threshold 0.5 of 255): the MNIST test set is 13.4% foreground, one image 2.4% to 32.9%.
+"""
+
+import gzip
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image, ImageDraw
+
+import vitmask
+from tests.conftest import MNIST_DIR, TINY, assert_user_error
+from vitmask.config import config_from_dict
+from vitmask.data.batches import load_labelled_splits
+from vitmask.data.binarization import FAR_ABSOLUTE, far_from
+from vitmask.data.processor import ProcessedImages
+from vitmask.train.finetune import FinetuneTrainer
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+IMAGES = MNIST_DIR / "t10k-images-idx3-ubyte.gz"
+
+
+def mnist() -> np.ndarray:
+    """(10000, 28, 28) uint8: MNIST's test-set images, or a skip where the file is missing."""
+    if not IMAGES.is_file():
+        pytest.skip(f"needs MNIST's t10k idx files in {MNIST_DIR}")
+    with gzip.open(IMAGES) as f:
+        return np.frombuffer(f.read(), np.uint8, offset=16).reshape(-1, 28, 28).copy()
+
+
+def outlines(count: int, seed: int = 0) -> np.ndarray:
+    """(count, 28, 28) uint8 gray drawings, dark on white: black outlines (2 pixels wide) of circles and
+    squares on white paper."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(count):
+        image = Image.new("L", (28, 28), 255)
+        r = rng.uniform(6, 10)
+        cx, cy = rng.uniform(r + 2, 26 - r, 2)
+        shape = ImageDraw.Draw(image).ellipse if i % 2 else ImageDraw.Draw(image).rectangle
+        shape([cx - r, cy - r, cx + r, cy + r], outline=0, width=2)
+        out.append(np.asarray(image))
+    return np.stack(out)
+
+
+def share(gray: np.ndarray, invert: bool = False) -> np.ndarray:
+    """Each image's share of foreground pixels at threshold 0.5 (gray level 128 or more), by numpy."""
+    on = gray >= 128
+    return (~on if invert else on).mean(axis=(1, 2))
+
+
+@pytest.fixture(scope="module")
+def config():
+    mnist()  # skips without the file
+    data = {"source": "idx", "path": str(IMAGES), "image_size": 28, "fit": "none", "split_seed": 0}
+    train = {**TINY["train"], "max_steps": 2, "eval_every": 2, "checkpoint_every": 2}
+    return config_from_dict({**TINY, "data": {**TINY["data"], **data}, "train": train})
+
+
+@pytest.fixture(scope="module")
+def checkpoint(config, tmp_path_factory):
+    """A classifier fine-tuned 2 steps (from a random encoder) on MNIST's test-set images, split
+    8,000 / 1,000 / 1,000: what matters here is what it records, not how well it classifies."""
+    root = tmp_path_factory.mktemp("mnist-classifier")
+    FinetuneTrainer(config, load_labelled_splits(config), torch.device("cpu")).fit(root, progress=False)
+    return root / "last.pt"
+
+
+def warnings_of(capsys) -> list[str]:
+    return [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("vitmask: warning:")]
+
+
+def test_the_rule_on_every_mnist_test_image_and_on_drawings_made_binary_the_wrong_way_round():
+    images = mnist()
+    shares = share(images)
+    trained = float(shares.mean())
+    assert abs(trained - 0.134) < 0.001 and shares.min() > 0.024 and shares.max() < 0.33
+    assert not any(far_from(float(s), trained, 1) for s in shares)  # every image alone
+    batches = shares.reshape(-1, 16).mean(axis=1)  # 625 batches of 16 consecutive images
+    assert not any(far_from(float(s), trained, 16) for s in batches)
+    wrong = share(outlines(40))  # dark on white, not inverted: the paper is foreground
+    assert wrong.min() > 0.75
+    assert all(far_from(float(s), trained, 1) for s in wrong)
+    right = share(outlines(40), invert=True)
+    assert not far_from(float(right.mean()), trained, 40)
+    # the edges, by hand: more than 0.25 apart; 16 images or more: over 3x or under a third
+    assert far_from(trained + FAR_ABSOLUTE + 0.01, trained, 1) and not far_from(
+        trained + FAR_ABSOLUTE - 0.01, trained, 1
+    )
+    assert far_from(0.04, 0.13, 16) and not far_from(0.04, 0.13, 15) and not far_from(0.05, 0.13, 16)
+    assert far_from(0.16, 0.05, 16) and not far_from(0.16, 0.05, 15) and not far_from(0.14, 0.05, 16)
+
+
+def test_the_classifier_records_its_training_images_share(checkpoint):
+    recorded = torch.load(checkpoint, weights_only=False)["foreground_share"]
+    assert abs(recorded - float(share(mnist()).mean())) < 0.01  # 4,096 of its 8,000 train images
+    assert vitmask.load_classifier(checkpoint).trained_foreground_share == recorded
+
+
+def test_silent_on_mnist_test_images_alone_in_batches_and_together(checkpoint, capsys):
+    classifier = vitmask.load_classifier(checkpoint)
+    images = mnist()
+    shares = share(images)
+    capsys.readouterr()
+    classifier.predict(images)  # all 10,000 in one call
+    for start in range(0, 2000, 16):
+        classifier.predict(images[start : start + 16])
+    for i in np.concatenate([shares.argsort()[:10], shares.argsort()[-10:]]):  # the emptiest and the fullest
+        classifier.predict(images[i])
+    assert warnings_of(capsys) == []
+
+
+def test_silent_on_the_data_it_was_trained_on(checkpoint, config, capsys):
+    classifier = vitmask.load_classifier(checkpoint)
+    train = load_labelled_splits(config).images["train"]  # (8000, 28, 28) 0/1
+    capsys.readouterr()
+    classifier.predict(ProcessedImages(train, 2))
+    classifier.predict(ProcessedImages(train[:16], 2))
+    assert warnings_of(capsys) == []
+
+
+def test_fires_once_a_call_on_dark_on_white_drawings(checkpoint, capsys):
+    classifier = vitmask.load_classifier(checkpoint)
+    drawings = outlines(30)
+    capsys.readouterr()
+    classifier.predict(drawings)
+    (line,) = warnings_of(capsys)
+    expected = round(float(share(drawings).mean()) * 100)
+    assert f"the 30 images are {expected}% foreground (1-pixels) after the model's preprocessing" in line
+    assert "where its training images were 13%" in line
+    classifier.features(drawings[0])
+    assert len(warnings_of(capsys)) == 1  # one image alone: once
+    classifier.predict(drawings, invert=True, force_preprocessing=True)  # made binary the right way round
+    assert warnings_of(capsys) == []
+
+
+def test_predict_warns_in_one_line_on_a_folder_of_drawings_and_not_on_one_of_digits(
+    checkpoint, run_cli_in_process, tmp_path
+):
+    for name, images in (("digits", mnist()[:50]), ("drawings", outlines(20))):
+        (tmp_path / name).mkdir()
+        for i, image in enumerate(images):
+            Image.fromarray(image).save(tmp_path / name / f"{i:02d}.png")
+    res = run_cli_in_process(
+        "predict", "--checkpoint", checkpoint, "--input", tmp_path / "digits", "--out", tmp_path / "d.csv"
+    )
+    assert res.returncode == 0 and res.stderr == "", res.stderr
+    res = run_cli_in_process(
+        "predict", "--checkpoint", checkpoint, "--input", tmp_path / "drawings", "--out", tmp_path / "w.csv"
+    )
+    assert res.returncode == 0, res.stderr
+    (line,) = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert line.startswith("vitmask: warning: the 20 images are") and "where its training images were 13%" in line
+    assert "--invert/--no-invert and --threshold" in line
+    res = run_cli_in_process(
+        "predict", "--checkpoint", checkpoint, "--input", tmp_path / "drawings", "--out", tmp_path / "i.csv", "--invert"
+    )
+    assert_user_error(res, "--invert contradicts", "data.invert false", "--force-preprocessing")
