@@ -98,11 +98,6 @@ def test_load_classifier_refuses_a_path_that_is_not_there(tmp_path, monkeypatch,
         vitmask.load_classifier(path)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ImageProcessor.from_pretrained turns its argument into a Path (processor.check_path) before "
-    "resolving it, so ./mnist reads as the name mnist",
-)
 @pytest.mark.parametrize("path", ["./mnist", Path("mnist")])
 def test_image_processor_from_pretrained_refuses_a_path_that_is_not_there(tmp_path, monkeypatch, path):
     monkeypatch.chdir(tmp_path)

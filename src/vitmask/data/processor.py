@@ -60,7 +60,7 @@ from vitmask.data.jsonfile import read_json
 from vitmask.data.patches import patches_to_classes, patchify
 from vitmask.data.preprocess import FITS, binarize_images, to_gray_uint8
 from vitmask.errors import UserError
-from vitmask.pretrained import resolve_model_path
+from vitmask.pretrained import check_model_arg, resolve_model_path
 
 MAX_IMAGE_SIZE = 8192  # pixels a side: a 67M-pixel image, under Pillow's limit on opening one (89M)
 MAX_PATCH_SIZE = 4  # data.patch_size's limit: 2^16 token classes
@@ -283,7 +283,9 @@ class ImageProcessor:
         a path wins), from its config.json. For a .pt checkpoint:
         `ImageProcessor.from_config(vitmask.store.checkpoint.checkpoint_config(path))`, or the
         `.processor` of `vitmask.load_classifier(path)` / `vitmask.load_masked_model(path)`."""
-        file = resolve_model_path(check_path(path, "ImageProcessor.from_pretrained's path")) / "config.json"
+        checked = check_path(path, "ImageProcessor.from_pretrained's path")
+        check_model_arg(path, call="ImageProcessor.from_pretrained")  # ./mnist is a path, mnist a name
+        file = resolve_model_path(path if isinstance(path, str) else checked) / "config.json"
         if not file.is_file():
             raise UserError(
                 f"{path} is not an export dir (no config.json); pass a folder written by vitmask export, or build "
