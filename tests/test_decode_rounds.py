@@ -34,8 +34,12 @@ def images_and_mask(rows: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def cosine_counts(m: int, steps: int) -> list[int]:
-    """Patches fixed per round: after round t of T, floor(M cos(pi/2 t/T)) stay hidden (the module's formula)."""
-    left = [m] + [math.floor(m * math.cos(math.pi / 2 * t / steps)) for t in range(1, steps)] + [0]
+    """Patches fixed per round: after round t of T, floor(M cos(pi/2 t/T)) stay hidden, or one fewer than
+    after the round before where the cosine would fix none (the module's formula)."""
+    left = [m]
+    for t in range(1, steps):
+        left.append(min(math.floor(m * math.cos(math.pi / 2 * t / steps)), left[-1] - 1))
+    left.append(0)
     return [left[t] - left[t + 1] for t in range(steps)]
 
 
@@ -61,6 +65,7 @@ def test_the_last_round_is_the_fill_and_watching_draws_nothing(model, options):
         m = int(mask[row].sum())
         expected = cosine_counts(m, min(options.steps, m))
         assert picked[:, row].sum(1).tolist()[: len(expected)] == expected
+        assert min(expected) >= 1 and picked[len(expected) :, row].sum() == 0  # min(steps, M) rounds, then none
     for before, r in zip([mask] + [s.hidden for s in seen[:-1]], seen, strict=True):
         assert torch.equal(r.hidden, before & ~r.picked)  # what a round fixed leaves the hidden set
         assert torch.isnan(r.probability[~before]).all()  # no probability for a patch visible as it began
@@ -94,3 +99,20 @@ def test_fill_image_and_sample_from_seed_pass_the_hook_on(model):
     drawn = sample_from_seed(model, 2, 16, 2, DecodeOptions(steps=4, temperature=1.0), 5, on_round=seen.append)
     assert len(seen) == 4 and seen[0].picked.sum(1).tolist() == [cosine_counts(N, 4)[0]] * 2
     assert torch.equal(patches_to_classes(patchify(drawn, 2)), seen[-1].classes)
+
+
+@pytest.mark.parametrize("steps", [16, 40, 64, 100])
+def test_each_of_min_steps_hidden_rounds_fixes_a_patch_and_one_a_round_when_steps_reach_the_count(model, steps):
+    images, mask = images_and_mask()
+    counts = mask.sum(1).tolist()  # the rows' hidden counts, by the mask itself
+    seen = []
+    decode_masked(model, images, mask, 2, DecodeOptions(steps=steps, temperature=1.0, order="random"),
+                  torch.Generator().manual_seed(2), seen.append)  # fmt: skip
+    assert len(seen) == min(steps, max(counts))  # the hook sees every round that runs, and no other
+    per_round = torch.stack([r.picked.sum(1) for r in seen])  # (T, B)
+    for row, m in enumerate(counts):
+        rounds = min(steps, m)
+        assert (per_round[:rounds, row] >= 1).all() and (per_round[rounds:, row] == 0).all()
+        assert int(per_round[:, row].sum()) == m
+        if steps >= m:
+            assert per_round[:m, row].tolist() == [1] * m  # one patch a round: random-order (ARDM) sampling

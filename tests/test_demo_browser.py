@@ -139,20 +139,25 @@ def drag(page, tool: str, points: list[tuple[int, int]], size: int = SIZE) -> No
     page.mouse.up()
 
 
-def shown_pixels(page, canvas: str, size: int = SIZE) -> np.ndarray:
-    """What a canvas shows, read back from it: (S, S), 1 where the centre of a pixel's cell is white."""
+def shown_colours(page, canvas: str, size: int = SIZE) -> np.ndarray:
+    """The colour a canvas shows at the centre of each pixel's cell, read back from it: (S, S, 3) uint8 RGB."""
     values = page.evaluate(
         """([id, S]) => {
             const c = document.querySelector(id), g = c.getContext("2d"), k = c.width / S, out = [];
             for (let y = 0; y < S; y++) for (let x = 0; x < S; x++) {
                 const d = g.getImageData(Math.floor((x + 0.5) * k), Math.floor((y + 0.5) * k), 1, 1).data;
-                out.push(d[0] > 200 && d[1] > 200 && d[2] > 200 ? 1 : 0);
+                out.push(d[0], d[1], d[2]);
             }
             return out;
         }""",
         [canvas, size],
     )
-    return np.array(values, dtype=np.uint8).reshape(size, size)
+    return np.array(values, dtype=np.uint8).reshape(size, size, 3)
+
+
+def shown_pixels(page, canvas: str, size: int = SIZE) -> np.ndarray:
+    """What a canvas shows, read back from it: (S, S), 1 where the centre of a pixel's cell is white."""
+    return (shown_colours(page, canvas, size) > 200).all(-1).astype(np.uint8)
 
 
 def save(page, button: str, path: Path) -> Path:
@@ -173,6 +178,16 @@ def run_shown_command(run_cli, page, element: str, files: dict[str, Path]) -> No
     args = [str(files.get(w, w)) for w in words[1:]]  # the models' names too: the server ran in their folder
     res = run_cli(*args)
     assert res.returncode == 0, (args, res.stderr)
+
+
+def wait_for_message(page, text: str) -> None:
+    """Until the page's message line says `text` (it says what it is doing until the answer is in)."""
+    page.wait_for_function("(text) => document.getElementById('message').textContent === text", arg=text)
+
+
+def bars(page) -> int:
+    """How many classify bars the page shows."""
+    return page.locator("#top li").count()
 
 
 def wait_for_last_round(page, rounds: int) -> None:
@@ -218,7 +233,7 @@ def test_a_person_draws_masks_fills_samples_and_classifies_and_the_numbers_are_t
     page.select_option("#fill-order", "random")
     page.click("#fill")
     wait_for_last_round(page, 4)
-    page.uncheck("#heat")
+    assert not page.is_checked("#heat")  # the confidence tint is off: the result shows white on black
     shown = shown_pixels(page, "#result-canvas")
     saved = binary(save(page, "#save-result", tmp_path / "page-filled.png"))
     files = {"image.png": tmp_path / "image.png", "mask.png": tmp_path / "mask.png", "filled.png": tmp_path / "cli.png"}
@@ -257,6 +272,131 @@ def test_a_person_draws_masks_fills_samples_and_classifies_and_the_numbers_are_t
     for name in ("runs/my model/last.pt", "it's", "plain-name_1.pt"):
         assert shlex.split(page.evaluate("(name) => shellWord(name)", name)) == [name]
 
+    assert page.errors == [] and page.elsewhere == []
+
+
+def test_the_bars_go_when_the_image_or_the_result_changes_and_the_tint_is_off_until_ticked(page, tmp_path):
+    """The classify bars describe the image they were computed for: any other image on the canvas, or a new fill
+    or sample beside them, takes them away. The confidence tint over the result is off until its box is ticked."""
+    assert not page.is_checked("#heat") and page.get_attribute("#result-canvas", "data-tint") == "off"
+    page.fill("#top-k", "3")
+
+    def classify() -> None:
+        assert bars(page) == 0
+        page.click("#classify")
+        page.wait_for_selector("#top li")
+        assert bars(page) == 3 and page.text_content("#classify-command").startswith("vitmask predict")
+
+    def gone() -> bool:
+        return bars(page) == 0 and page.text_content("#classify-command") == ""
+
+    page.click("#examples button >> nth=0")
+    classify()
+    image = shown_pixels(page, "#image-canvas")
+    y, x = map(int, np.argwhere(image == 0)[0])
+    drag(page, "pen", [(x, y), (x, y)])  # drawing: a black pixel made white
+    assert gone()
+    classify()
+    y, x = map(int, np.argwhere(shown_pixels(page, "#image-canvas") == 1)[0])
+    drag(page, "eraser", [(x, y), (x, y)])
+    assert gone()
+    classify()
+    drag(page, "box", [(0, 0), (7, 7)])  # a mask is not the image: the classifier reads the image alone
+    assert bars(page) == 3
+    page.click("#examples button >> nth=1")  # another test image
+    assert gone()
+    classify()
+    upload = np.zeros((SIZE, SIZE), np.uint8)
+    upload[:, : SIZE // 2] = 255
+    Image.fromarray(upload).save(tmp_path / "half.png")
+    page.set_input_files("#upload", str(tmp_path / "half.png"))
+    wait_for_message(page, "half.png read")
+    assert gone() and (shown_pixels(page, "#image-canvas") == (upload > 0)).all()
+    drag(page, "box", [(0, 0), (7, 7)])  # the upload cleared the mask: hide the top-left 4x4 patches again
+    classify()
+    page.click("#fill")  # one shot: every hidden patch in one round
+    wait_for_message(page, "filled 16 of 64 patches in 1 round")
+    assert gone()
+
+    # the result, untinted: white on black, every pixel; ticked: each filled patch tinted by its probability
+    filled = np.zeros((SIZE, SIZE), bool)
+    filled[:8, :8] = True
+    plain = shown_colours(page, "#result-canvas")
+    grey = (plain[..., 0] == plain[..., 1]) & (plain[..., 1] == plain[..., 2])
+    assert grey.all() and set(np.unique(plain).tolist()) <= {0, 255}
+    page.check("#heat")
+    assert page.get_attribute("#result-canvas", "data-tint") == "on"
+    tinted = shown_colours(page, "#result-canvas")
+    coloured = (tinted[..., 0] != tinted[..., 1]) | (tinted[..., 1] != tinted[..., 2])  # a hue over the pixel
+    assert coloured[filled].all() and (tinted[~filled] == plain[~filled]).all()
+    page.uncheck("#heat")
+    assert page.get_attribute("#result-canvas", "data-tint") == "off"
+    assert (shown_colours(page, "#result-canvas") == plain).all()
+
+    classify()
+    page.click("#sample")  # a new result beside the bars
+    page.wait_for_function("() => document.getElementById('message').textContent.startsWith('sampled')")
+    assert gone()
+    wait_for_last_round(page, 64)
+    sampled = shown_pixels(page, "#result-canvas")
+    assert not (sampled == (upload > 0)).all()
+    classify()
+    page.click("#use-result")  # the sample is now the image
+    assert gone() and (shown_pixels(page, "#image-canvas") == sampled).all()
+    classify()
+    page.click("#undo")  # back to the upload and its mask (blue over the top-left patches)
+    assert gone() and (shown_pixels(page, "#image-canvas")[~filled] == (upload > 0)[~filled]).all()
+    classify()
+    page.click("#clear-image")
+    assert gone()
+
+    # an answer that comes back after the image changed is not shown beside the new image
+    held = []
+    page.route("**/api/classify", lambda route: held.append(route))  # held until the image has changed
+    page.click("#examples button >> nth=2")
+    page.click("#classify")
+    page.wait_for_function("() => document.getElementById('message').textContent.startsWith('classifying')")
+    while not held:
+        page.wait_for_timeout(20)
+    drag(page, "pen" if shown_pixels(page, "#image-canvas")[0, 0] == 0 else "eraser", [(0, 0), (0, 0)])
+    held[0].continue_()
+    wait_for_message(page, "the image or the result changed while the image was being classified; classify it again")
+    assert gone()
+    assert page.errors == [] and page.elsewhere == []
+
+
+def test_the_round_text_counts_the_rounds_that_ran(page):
+    """A row hiding M patches runs min(steps, M) rounds, each fixing a patch: the slider and its text count those."""
+    samples = [
+        ("64", "sampled a new image in 64 rounds"),
+        ("100", "sampled a new image in 64 rounds (steps 100: one round a patch at most)"),
+    ]
+    for steps, message in samples:
+        page.fill("#sample-steps", steps)
+        page.click("#sample")
+        wait_for_message(page, message)
+        assert page.get_attribute("#round", "max") == "64"  # 64 patches, one a round
+        wait_for_last_round(page, 64)
+        assert page.text_content("#round-text") == "round 64 of 64: 1 patch fixed"
+    drag(page, "box", [(4, 4), (11, 11)])  # the 4x4 patches of rows and columns 2-5: 16 hidden
+    page.check("#fill-iterative")
+    for steps, rounds, note in (("40", 16, " (steps 40: one round a patch at most)"), ("16", 16, ""), ("5", 5, "")):
+        page.fill("#fill-steps", steps)
+        page.click("#fill")
+        wait_for_message(page, f"filled 16 of 64 patches in {rounds} rounds{note}")
+        page.fill("#round", "0")
+        page.dispatch_event("#round", "input")  # stops the animation
+        assert page.get_attribute("#round", "max") == str(rounds)
+        fixed = []
+        for f in range(1, rounds + 1):
+            page.fill("#round", str(f))
+            page.dispatch_event("#round", "input")
+            words = page.text_content("#round-text").split()  # round F of T: K patch(es) fixed
+            assert words[:4] == ["round", str(f), "of", f"{rounds}:"]
+            fixed.append(int(words[4]))
+        assert min(fixed) >= 1 and sum(fixed) == 16, fixed
+        if rounds == 16:
+            assert fixed == [1] * 16
     assert page.errors == [] and page.elsewhere == []
 
 
@@ -312,6 +452,7 @@ def test_the_shipped_models_fill_and_classify_a_test_digit_as_the_cli_does(
         page.fill("#top-k", "3")
         page.click("#classify")
         page.wait_for_selector("#top li")
+        page.check("#heat")  # the picture shows the confidence of each filled patch
         shot = (ROOT / "docs" if os.environ.get("VITMASK_WRITE_DOCS_IMAGES") == "1" else tmp_path) / "demo.png"
         page.screenshot(path=str(shot), full_page=True)
         files = {

@@ -432,6 +432,25 @@ def test_a_sample_is_vitmask_samples_for_the_same_seed(client, models, run_cli, 
     assert answers[5]["pixels"] != answers[6]["pixels"]
 
 
+def test_the_rounds_answered_are_the_rounds_that_ran_each_fixing_a_patch(client):
+    """The page's 'round n of T' counts the answer's rounds: min(steps, hidden patches), none empty."""
+    blank = bits(np.zeros((SIZE, SIZE), np.uint8))
+    for steps in (64, 100):  # at least the 64 patches: one patch a round, 64 rounds
+        rounds = post_ok(client, "/api/sample", steps=steps, temperature=1.0, seed=2, order="random")["rounds"]
+        assert [len(r["patches"]) for r in rounds] == [1] * N
+        assert sorted(k for r in rounds for k in r["patches"]) == list(range(N))
+    mask = np.zeros((SIZE, SIZE), np.uint8)
+    mask[4:12, 4:12] = 1  # the 4x4 patches of rows and columns 2-5: 16 hidden
+    hidden = sorted(8 * r + c for r in range(2, 6) for c in range(2, 6))
+    for steps, count in ((64, 16), (16, 16), (12, 12), (5, 5)):
+        answer = post_ok(
+            client, "/api/fill", pixels=blank, mask=bits(mask), iterative=True, steps=steps, temperature=1.0
+        )
+        per_round = [len(r["patches"]) for r in answer["rounds"]]
+        assert len(per_round) == count and min(per_round) >= 1, (steps, per_round)
+        assert sorted(k for r in answer["rounds"] for k in r["patches"]) == hidden
+
+
 def test_the_top_k_is_vitmask_predicts(client, served, models, run_cli, tmp_path):
     images = load_splits(served.config)["test"][:3]
     for i, image in enumerate(images):

@@ -17,7 +17,7 @@ from vitmask.config import config_from_dict
 from vitmask.data.masking import random_mask
 from vitmask.data.patches import patches_to_classes, patchify, unpatchify
 from vitmask.errors import UserError
-from vitmask.generate.sampling import DecodeOptions, decode_masked, sample_images, unmask_schedule
+from vitmask.generate.sampling import DecodeOptions, decode_masked, sample_images, unmask_counts, unmask_schedule
 from vitmask.model.vit import build_model, predict_every_patch
 
 CHI2_15_DF_0001 = 37.70
@@ -196,6 +196,57 @@ def test_the_schedule_runs_per_row_and_matches_the_cosine_counts():
     # row 0: 11 visible; fixes patch 0, then 1-2, then 3-4. Row 1: 13 visible; patches 10, 11, 12 one by one
     assert out[0, :5].tolist() == [11, 12, 12, 14, 14] and out[1, 10:13].tolist() == [13, 14, 15]
     assert (out[0, 5:] == 0).all() and (out[1, :10] == 0).all() and (out[1, 13:] == 0).all()
+
+
+@pytest.mark.parametrize(
+    "patches,steps,expected",
+    [
+        (16, 16, [1] * 16),  # as many steps as patches: one patch a round
+        (4, 64, [1] * 4),  # more steps than patches: one round per patch, no empty round
+        (1, 1, [1]),
+        (10, 1, [10]),  # one step: every patch at once
+        # 64 patches, 8 rounds: floor(64 cos(pi/2 t/8)) = 62 59 53 45 35 24 12 stay hidden, then 0
+        (64, 8, [2, 3, 6, 8, 10, 11, 12, 12]),
+        # 17 patches, 16 rounds: floor(17 cos(pi/2 t/16)) = 16 16 16 15 14 14 13 12 10 9 8 6 4 3 1 for
+        # t = 1..15, never fewer than 17 - t until t = 15: 14 rounds of one (16 15 ... 3 left), then 1, then 0
+        (17, 16, [1] * 14 + [2, 1]),
+    ],
+)
+def test_every_round_fixes_a_patch_and_there_are_min_steps_patches_rounds(patches, steps, expected):
+    assert unmask_counts(patches, steps) == expected
+
+
+def test_196_patches_in_64_rounds_fix_one_a_round_while_the_cosine_is_flat_then_follow_it():
+    # MNIST's 196 patches over `vitmask sample`'s default 64 steps. floor(196 cos(pi/2 t/64)) stays hidden
+    # after round t by the cosine alone: 195 195 195 195 194 ... for t = 1..5, no fewer than 196 - t up to
+    # t = 17 (179.19 -> 179 = 196 - 17), so those 17 rounds fix one each; from round 18 (177.18 -> 177) the
+    # cosine's drop is more than one and the rounds fix what it drops.
+    counts = unmask_counts(196, 64)
+    assert len(counts) == 64 and sum(counts) == 196 and min(counts) >= 1
+    assert counts[:17] == [1] * 17
+    left = [math.floor(196 * math.cos(math.pi / 2 * t / 64)) for t in range(17, 64)] + [0]  # after rounds 17..64
+    assert counts[17:] == [left[i] - left[i + 1] for i in range(47)]  # rounds 18..64
+    assert counts[17] == 2 and counts[-1] == left[-2] == 4  # floor(196 cos(63 pi/128)) = 4 left for the last round
+
+
+@pytest.mark.parametrize("patches", [1, 2, 5, 16, 64, 196, 256, 1024])
+@pytest.mark.parametrize("steps", [1, 2, 3, 8, 16, 64, 196, 1000])
+def test_the_schedule_always_runs_min_steps_patches_rounds_of_at_least_one(patches, steps):
+    counts = unmask_counts(patches, steps)
+    assert len(counts) == min(steps, patches) and sum(counts) == patches and min(counts) >= 1
+
+
+def test_steps_of_at_least_the_hidden_count_decode_one_patch_a_round():
+    # CountVisible: each patch's class is the count of visible patches when it was decoded, so one patch a
+    # round gives every hidden patch a distinct class: 0, 1, ..., 15 (16 hidden), whatever the order
+    model = CountVisible(torch.arange(16, 0, -1).float())
+    images = torch.zeros(2, 8, 8, dtype=torch.uint8)
+    for steps in (16, 40):
+        seen = []
+        out = decode_masked(model, images, torch.ones(2, 16, dtype=torch.bool), 2, DecodeOptions(steps=steps), None,
+                            seen.append)  # fmt: skip
+        assert out.tolist() == [list(range(16))] * 2  # confidence order: patch 0 first
+        assert len(seen) == 16 and all(r.picked.sum(1).tolist() == [1, 1] for r in seen)
 
 
 @pytest.mark.parametrize("fill,pos", [("learned", "rope2d"), ("0.5", "learned"), ("0.5", "sincos2d")])

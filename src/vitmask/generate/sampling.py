@@ -5,9 +5,12 @@ et al. 2021, "Autoregressive Diffusion Models"): whatever is visible, it gives p
 every hidden patch i. Decoding fills the hidden patches over `steps` rounds. In each round the model
 predicts every hidden patch, each gets a class (the most likely one at temperature 0, else a draw
 from softmax(logits / temperature)), some of them are kept and shown to the model as visible from
-then on, and the rest are predicted again. How many are kept follows MaskGIT's cosine schedule
-(Chang et al. 2022): after round t of T, floor(M cos(pi/2 * t / T)) of the M hidden patches stay
-hidden. Which ones are kept is the `order`:
+then on, and the rest are predicted again. A row hiding M patches runs T = min(steps, M) rounds,
+and every round fixes at least one patch. How many follows MaskGIT's cosine schedule (Chang et al.
+2022): after round t of T, floor(M cos(pi/2 * t / T)) of the M hidden patches stay hidden, except
+where that would leave no fewer hidden than the round before (the first rounds of a long schedule,
+where the cosine is flat): there the round fixes one patch. So `steps` >= M fixes one patch a
+round. Which ones are kept is the `order`:
 
 - `confidence` (MaskGIT): the most probable ones, ranked by the model's log-probability of the
   class each got, plus Gumbel noise scaled by `choice_temperature * (1 - (t + 1) / T)`: MaskGIT's
@@ -48,7 +51,7 @@ ORDERS = ("confidence", "random")
 
 @dataclass(frozen=True)
 class DecodeOptions:
-    steps: int = 1  # rounds of decoding; each fixes some hidden patches (at most one round per patch)
+    steps: int = 1  # rounds of decoding: min(steps, hidden patches), each fixing at least one hidden patch
     temperature: float = 0.0  # 0: the most likely class; T > 0: a draw from softmax(logits / T)
     order: str = "confidence"  # which patches a round keeps: confidence (MaskGIT) | random
     choice_temperature: float = 0.0  # confidence: scale of the Gumbel noise on the ranking (MaskGIT: 4.5)
@@ -77,8 +80,8 @@ class DecodeOptions:
 class DecodeRound:
     """The state of decoding as one round ends, given to `decode_masked`'s `on_round` hook."""
 
-    index: int  # the round, 0 first, counting the rounds skipped because no row fixed a patch there
-    rounds: int  # T: the rounds of the longest row
+    index: int  # the round, 0 first
+    rounds: int  # T: the rounds of the row hiding the most patches, min(steps, its hidden count)
     picked: torch.Tensor  # (B, N) bool: the patches this round fixed
     classes: torch.Tensor  # (B, N) int64: every patch's class after the round (hidden ones: their input's)
     hidden: torch.Tensor  # (B, N) bool: the patches still hidden after the round
@@ -87,10 +90,18 @@ class DecodeRound:
 
 
 def unmask_counts(num_masked: int, steps: int) -> list[int]:
-    """Patches fixed in each of `steps` rounds: the cosine schedule, summing to `num_masked`."""
-    left = [math.floor(num_masked * math.cos(math.pi / 2 * t / steps)) for t in range(1, steps)] + [0]
+    """Patches fixed in each of T = min(steps, M) rounds (one round when M = 0), M = `num_masked`:
+    each at least one (when M > 0), summing to M.
+
+    After round t, min(floor(M cos(pi/2 * t / T)), left_{t-1} - 1) patches stay hidden (left_0 = M,
+    left_T = 0): the cosine schedule, a patch a round where it is flat. No round runs out of patches:
+    cos(pi/2 * t / T) = sin(pi/2 * (T - t) / T) >= (T - t) / T and M >= T, so the cosine leaves at
+    least T - t hidden, one for each round still to come.
+    """
+    rounds = max(1, min(steps, num_masked))
     counts, before = [], num_masked
-    for remaining in left:
+    for t in range(1, rounds + 1):
+        remaining = min(math.floor(num_masked * math.cos(math.pi / 2 * t / rounds)), before - 1) if t < rounds else 0
         counts.append(before - remaining)
         before = remaining
     return counts
@@ -99,11 +110,12 @@ def unmask_counts(num_masked: int, steps: int) -> list[int]:
 def unmask_schedule(num_hidden: torch.Tensor, steps: int) -> torch.Tensor:
     """(B,) hidden counts -> (T, B) int64 patches fixed per round, on the CPU.
 
-    A row hiding M patches runs min(steps, M) rounds of `unmask_counts` (at least one) and fixes
-    none after them; T is the longest row's. Computed once per distinct count, not per row.
+    A row hiding M patches runs the min(steps, M) rounds of `unmask_counts` (one, fixing none, when
+    M = 0) and fixes none after them; T is the longest row's. Computed once per distinct count, not
+    per row.
     """
     counts = num_hidden.detach().cpu().long()  # (B,)
-    per_count = {m: unmask_counts(m, max(1, min(steps, m))) for m in counts.unique().tolist()}
+    per_count = {m: unmask_counts(m, steps) for m in counts.unique().tolist()}
     table = torch.zeros(max(map(len, per_count.values())), len(counts), dtype=torch.long)  # (T, B)
     for m, ks in per_count.items():
         table[: len(ks), counts == m] = torch.tensor(ks, dtype=torch.long).unsqueeze(1)
@@ -131,19 +143,17 @@ def decode_masked(
 
     Visible patches keep their class; hidden ones are decoded as the module docstring says. Rows
     may hide different counts, all of them included (a fully hidden canvas generates an image).
-    Rounds in which no row fixes a patch are skipped. `on_round` is called as each round that
-    fixes a patch ends; it draws nothing from `generator`, so the classes are the same with it.
+    T = min(steps, M) rounds for the row hiding the most patches, M; every one of them fixes a patch
+    of that row; no round runs when no patch is hidden. `on_round` is called as each round ends; it
+    draws nothing from `generator`, so the classes are the same with it.
     """
     pix = patchify(images, patch_size).float()  # (B, N, P)
     classes = patches_to_classes(pix)  # (B, N)
     hidden = mask.clone()  # (B, N)
     schedule = unmask_schedule(mask.sum(1), options.steps)  # (T, B), CPU
-    busy = (schedule.sum(1) > 0).tolist()  # rounds that fix something
+    rounds = len(schedule) if bool(schedule.any()) else 0  # none when nothing is hidden
     schedule = schedule.to(mask.device)
-    rounds = len(schedule)
     for t in range(rounds):
-        if not busy[t]:
-            continue
         check_stop()
         logp = predict_every_patch(model, pix, hidden).float().log_softmax(-1)  # (B, N, C)
         if options.temperature == 0:
@@ -189,7 +199,7 @@ def sample_images(
     (`on_round`: decode_masked's hook, for each batch). With `progress`, the rounds of every batch
     report on stderr (progress.py)."""
     grid = image_size // patch_size
-    rounds = sum(k > 0 for k in unmask_counts(grid * grid, max(1, min(options.steps, grid * grid))))  # per batch
+    rounds = len(unmask_counts(grid * grid, options.steps))  # per batch: min(steps, N)
     out = []
     bar = Progress(-(-n // batch_size) * rounds, "sample", "rounds", enabled=progress)  # a bar, or lines in a log
     for start in range(0, n, batch_size):

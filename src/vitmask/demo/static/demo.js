@@ -10,6 +10,7 @@ const state = {
   image: null, mask: null, history: [],
   result: null, frame: 0, timer: null,
   stroke: null, examplesStart: 0, examplesTotal: 0,
+  drawn: "", version: 0,  // the image as last drawn (bits); a count of the changes of the image and the result
 };
 
 // ---- messages and requests --------------------------------------------------------------------------
@@ -71,8 +72,21 @@ function snapshot() {
 }
 
 // ---- the image canvas -------------------------------------------------------------------------------
+// The classify bars describe one image: they go as soon as another is on the canvas (drawn, erased,
+// undone, cleared, picked, uploaded, a result used) or a new fill or sample is shown beside them.
+function canvasChanged() {
+  state.version++;
+  $("top").replaceChildren();
+  $("classify-command").textContent = "";
+}
+
 function drawImage() {
   const c = $("image-canvas"), g = c.getContext("2d"), { S, P, scale } = state;
+  const bits = toBits(state.image);
+  if (bits !== state.drawn) {  // every change of the image is drawn: here it is seen
+    state.drawn = bits;
+    canvasChanged();
+  }
   g.fillStyle = "#000";
   g.fillRect(0, 0, c.width, c.height);
   g.fillStyle = "#fff";
@@ -202,6 +216,7 @@ function showResult(kind, input, hidden, data, command) {
   const fixedAt = new Int32Array(state.N).fill(-1), prob = new Float32Array(state.N);
   data.rounds.forEach((r, t) => r.patches.forEach((k, j) => { fixedAt[k] = t; prob[k] = r.probability[j]; }));
   stopPlaying();
+  canvasChanged();
   state.result = { kind, input, hidden, pixels: fromBits(data.pixels), rounds: data.rounds, fixedAt, prob };
   const slider = $("round");
   slider.max = String(data.rounds.length);
@@ -212,7 +227,7 @@ function showResult(kind, input, hidden, data, command) {
   setFrame(data.rounds.length);
 }
 
-function setFrame(f) {
+function setFrame(f) {  // T: the rounds that ran, each fixing at least one patch (min(steps, hidden patches))
   state.frame = f;
   $("round").value = String(f);
   const T = state.result.rounds.length, fixed = f > 0 ? state.result.rounds[f - 1].patches.length : 0;
@@ -224,8 +239,10 @@ function drawResult() {
   const c = $("result-canvas"), g = c.getContext("2d"), { S, P, G, scale } = state, r = state.result;
   g.fillStyle = "#000";
   g.fillRect(0, 0, c.width, c.height);
+  const heat = $("heat").checked;
+  c.dataset.tint = heat ? "on" : "off";  // the confidence overlay: off until its checkbox is ticked
   if (!r) return;
-  const f = state.frame, heat = $("heat").checked;
+  const f = state.frame;
   for (let i = 0; i < S * S; i++) {
     const k = patchOf(i % S, Math.floor(i / S));
     const waiting = r.hidden[k] && !(r.fixedAt[k] >= 0 && r.fixedAt[k] < f);
@@ -313,7 +330,8 @@ async function fill() {
     const command = `vitmask inpaint --checkpoint ${shellWord(state.info.model.name)} --image image.png --mask mask.png `
       + `--out filled.png${steps} ${optionsText(o)}`;
     showResult("fill", input, hiddenPatches(mask), data, command);
-    say(`filled ${data.filled_patches} of ${data.patches} patches in ${data.rounds.length} round${data.rounds.length === 1 ? "" : "s"}`);
+    const T = data.rounds.length, fewer = iterative && o.steps > T ? ` (steps ${o.steps}: one round a patch at most)` : "";
+    say(`filled ${data.filled_patches} of ${data.patches} patches in ${T} round${T === 1 ? "" : "s"}${fewer}`);
     if (data.rounds.length > 1) play();
   });
 }
@@ -325,15 +343,20 @@ async function sample() {
     const command = `vitmask sample --checkpoint ${shellWord(state.info.model.name)} --n 1 --steps ${o.steps} `
       + `${optionsText(o)} --out sample.png`;
     showResult("sample", new Uint8Array(state.S * state.S), new Uint8Array(state.N).fill(1), data, command);
-    say(`sampled a new image in ${data.rounds.length} rounds`);
+    const T = data.rounds.length, fewer = o.steps > T ? ` (steps ${o.steps}: one round a patch at most)` : "";
+    say(`sampled a new image in ${T} round${T === 1 ? "" : "s"}${fewer}`);
     if (data.rounds.length > 1) play();
   });
 }
 
 async function classify() {
   await busy($("classify"), "classifying", async () => {
-    const k = number("top-k", "top-k", true);
+    const k = number("top-k", "top-k", true), version = state.version;
     const data = await api("/api/classify", { pixels: toBits(state.image), top_k: k });
+    if (state.version !== version) {  // the image or the result changed while it was classified
+      say("the image or the result changed while the image was being classified; classify it again");
+      return;
+    }
     const list = $("top");
     list.replaceChildren();
     for (const t of data.top) {
