@@ -15,7 +15,7 @@ How a page runs
   on PATH. A line ending in a backslash continues on the next; `#` comments are dropped. Every
   command must exit 0.
 
-The four substitutions, and the only ones
+The five substitutions, and the only ones
 1. Data, by path: the working directory's `data/mnist` is what torchvision's download leaves
    (`MNIST/raw/`, each idx file plain and gzipped), holding a small slice of MNIST: TRAIN_IMAGES
    train and TEST_IMAGES test images, cut from the MNIST test set in ../shared/data/mnist (synthetic
@@ -27,6 +27,8 @@ The four substitutions, and the only ones
    costs K x N forward passes an image; the page's command runs them on its default 100).
 4. Sampling length: `vitmask sample` gets SAMPLE_ROUNDS appended, 16 rounds of decoding (the page's
    commands decode one patch a round: 196 rounds of the whole model for MNIST).
+5. Training from Python: `vitmask.train(...)` and `vitmask.finetune(...)` called in a python block get
+   SHORT appended to their `overrides`, as the commands of 2 get it (`short_python_training`).
 
 Blocks that are not run carry `<!-- skip: next "why" -->` on the line before the fence (an HTML
 comment, which the rendered page does not show); each page may have at most MAX_SKIPS. A step that
@@ -203,6 +205,32 @@ def evaluate_bash(example) -> None:
             )
 
 
+# ---- python blocks -------------------------------------------------------------------------------
+@contextlib.contextmanager
+def short_python_training():
+    """Substitution 5: within it, `vitmask.train` and `vitmask.finetune` (train/run.py's `train` and
+    `finetune`, which both names call) run with SHORT after the `overrides` they are given."""
+    from vitmask.train import run
+
+    real = {"train": run.train, "finetune": run.finetune}
+
+    def shortened(function, position: int):
+        def call(*args, **kwargs):
+            if len(args) > position:
+                args = (*args[:position], [*args[position], *SHORT], *args[position + 1 :])
+            else:
+                kwargs["overrides"] = [*kwargs.get("overrides", ()), *SHORT]
+            return function(*args, **kwargs)
+
+        return call
+
+    run.train, run.finetune = shortened(real["train"], 1), shortened(real["finetune"], 2)
+    try:
+        yield
+    finally:
+        run.train, run.finetune = real["train"], real["finetune"]
+
+
 # ---- pages -------------------------------------------------------------------------------------
 def missing(verb: str) -> bool:
     """True while the CLI has no command `verb` (for conditional skips)."""
@@ -241,7 +269,8 @@ def run_page(page: Path) -> dict:
     python_blocks, skipped = 0, []
     for example in document:
         try:
-            example.evaluate()
+            with short_python_training():
+                example.evaluate()
         except SkipTest as e:
             skipped.append((example.line, str(e)))
             continue

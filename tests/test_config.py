@@ -1,3 +1,5 @@
+import dataclasses
+
 import pytest
 
 from tests.conftest import ROOT
@@ -131,3 +133,89 @@ def test_on_device_takes_auto_or_a_yaml_boolean():
     assert config_from_dict({}, ["data.on_device=true"]).data.on_device is True
     assert config_from_dict({}, ["data.on_device=false"]).data.on_device is False
     assert config_from_dict({}).data.on_device == "auto"
+
+
+# ---- several config files: composed in order, key by key, then --set ----------------------------------------
+BASE = "name: base\nseed: 3\nmodel: {depth: 2, hidden_dim: 64}\ntrain: {lr: 0.01, max_steps: 100, loggers: [csv]}\n"
+MINE = "model: {depth: 6}\ntrain: {max_steps: 200}\n"
+
+
+def two_files(tmp_path):
+    (tmp_path / "base.yaml").write_text(BASE)
+    (tmp_path / "mine.yaml").write_text(MINE)
+    return tmp_path / "base.yaml", tmp_path / "mine.yaml"
+
+
+def test_later_files_win_key_by_key_then_the_overrides(tmp_path):
+    base, mine = two_files(tmp_path)
+    cfg = load_config([base, mine], ["train.lr=0.002"])
+    # by hand: base's keys, mine's over them key by key (model.hidden_dim stays base's), --set last
+    want = {
+        "name": "base",  # mine sets no name: the last file that does names the run
+        "seed": 3,
+        "model": {"depth": 6, "hidden_dim": 64},
+        "train": {"lr": 0.002, "max_steps": 200, "loggers": ["csv"]},
+    }
+    assert cfg == config_from_dict(want)
+    assert load_config([mine, base]).model.depth == 2 and load_config([mine, base]).train.max_steps == 100
+    (tmp_path / "plain.yaml").write_text("train: {lr: 0.5}\n")
+    assert load_config([tmp_path / "plain.yaml", mine]).name == "mine"  # no name anywhere: the last file's stem
+    assert load_config([base]) == load_config(base)  # one file in a list: that file
+
+
+def test_an_unknown_key_in_any_file_is_refused_naming_that_file(tmp_path):
+    base, mine = two_files(tmp_path)
+    (tmp_path / "typo.yaml").write_text("train: {lrr: 0.1}\n")
+    for files in ([tmp_path / "typo.yaml", base], [base, mine, tmp_path / "typo.yaml"]):
+        with pytest.raises(UserError) as e:
+            load_config(files)
+        assert str(e.value) == f"config: unknown key 'train.lrr' in {tmp_path / 'typo.yaml'}; did you mean 'train.lr'?"
+    (tmp_path / "top.yaml").write_text("colour: red\n")
+    with pytest.raises(UserError, match=f"unknown key 'colour' in {tmp_path / 'top.yaml'}"):
+        load_config([base, tmp_path / "top.yaml"])
+    (tmp_path / "old.yaml").write_text("train: {eval_batches: 2}\n")  # a key `_upgrade` reads into train.eval_images
+    assert load_config([base, tmp_path / "old.yaml"]).train.eval_images == 512
+
+
+def test_vitmask_config_prints_the_composed_config(tmp_path, run_cli_in_process):
+    base, mine = two_files(tmp_path)
+    res = run_cli_in_process("config", "--config", base, "--config", mine, "--set", "train.lr=0.002")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == dump_config(load_config([base, mine], ["train.lr=0.002"]))
+    import yaml
+
+    shown = yaml.safe_load(res.stdout)
+    assert (shown["model"]["depth"], shown["model"]["hidden_dim"], shown["train"]["lr"]) == (6, 64, 0.002)
+    (tmp_path / "typo.yaml").write_text("model: {dept: 3}\n")
+    res = run_cli_in_process("config", "--config", base, "--config", tmp_path / "typo.yaml")
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert res.stderr.splitlines() == [
+        f"vitmask: error: config: unknown key 'model.dept' in {tmp_path / 'typo.yaml'}; did you mean 'model.depth'?"
+    ]
+    res = run_cli_in_process("config", "--config", base, "--config", tmp_path / "missing.yaml")
+    assert res.returncode == 2 and f"config file not found: {tmp_path / 'missing.yaml'}" in res.stderr
+
+
+def test_train_composes_its_config_files_and_names_the_run_after_them(tmp_path, run_cli_in_process, monkeypatch):
+    from tests.conftest import write_config
+    from vitmask.store.checkpoint import load_checkpoint
+
+    monkeypatch.chdir(tmp_path)
+    write_config(tmp_path / "tiny.yaml", {"train": {"max_steps": 2, "eval_every": 2, "checkpoint_every": 2}})
+    (tmp_path / "short.yaml").write_text("name: short\nmodel: {depth: 1}\n")
+    res = run_cli_in_process("train", "--config", "tiny.yaml", "--config", "short.yaml", "--device", "cpu")
+    assert res.returncode == 0, res.stderr
+    saved = load_checkpoint(tmp_path / "runs" / "short" / "last.pt")["config"]
+    assert saved["model"]["depth"] == 1 and saved["model"]["hidden_dim"] == 32 and saved["train"]["max_steps"] == 2
+
+
+def test_list_keys_take_a_list_or_one_value_and_refuse_anything_else():
+    assert config_from_dict({}, ["train.loggers=[csv, jsonl]"]).train.loggers == ("csv", "jsonl")
+    assert config_from_dict({}, ["train.loggers=jsonl"]).train.loggers == ("jsonl",)
+    assert config_from_dict({}, ["train.loggers=[]"]).train.loggers == ()
+    with pytest.raises(UserError, match="train.loggers must be a list such as"):
+        config_from_dict({"train": {"loggers": {"csv": 1}}})
+    with pytest.raises(UserError, match="got 'tensorbord'; did you mean 'tensorboard'"):
+        config_from_dict({"train": {"loggers": ["tensorbord"]}})
+    with pytest.raises(UserError, match="train.loggers must be one of .*got 'x'"):  # built in Python too
+        Config(train=dataclasses.replace(Config().train, loggers=("x",)))

@@ -35,6 +35,8 @@ from vitmask.model import memory_estimate
 from vitmask.model.vit import build_model
 from vitmask.store import rundir
 from vitmask.store.checkpoint import load_checkpoint, save_checkpoint, write_checkpoint_file
+from vitmask.train import loggers
+from vitmask.train import run as training_run
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
 SHORT = {"train": {"max_steps": 4, "eval_every": 2, "checkpoint_every": 2, "log_every": 2}}
@@ -220,7 +222,7 @@ def test_an_early_error_or_signal_leaves_no_files_that_block_the_run_dir(tmp_pat
 
     existing = tmp_path / "existing"
     existing.mkdir()
-    monkeypatch.setattr(verbs, "load_labelled_splits", stopped)
+    monkeypatch.setattr(training_run, "load_labelled_splits", stopped)
     with pytest.raises(Stopped):
         verbs.train(cfg, [], existing, None, "cpu")
     assert existing.is_dir() and not list(existing.iterdir())
@@ -317,7 +319,7 @@ def test_a_full_disk_for_tensorboard_or_before_the_first_checkpoint(tmp_path, mo
     def full(self, metrics, step):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(verbs.TensorBoardLogger, "log", full)
+    monkeypatch.setattr(loggers.TensorBoardLogger, "log", full)
     with pytest.raises(UserError, match="cannot write the TensorBoard event file .* the disk is full"):
         verbs.train(cfg, [], run, None, "cpu")
 
@@ -711,12 +713,12 @@ def test_a_full_disk_while_writing_an_out_file_leaves_the_old_file_whole(trained
 # ---- signals and usage -----------------------------------------------------------------------------------
 SLOW_DATA = """
 import sys, time
-from vitmask.cli import verbs
+from vitmask.train import run
 from vitmask.cli.entry import main
 def slow(cfg):
     print("loading", flush=True)
     time.sleep(60)
-verbs.load_labelled_splits = slow
+run.load_labelled_splits = slow
 sys.argv = ["vitmask", *sys.argv[1:]]
 main()
 """

@@ -18,6 +18,9 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 GUIDES = ("README.md", "docs/mnist.md", "docs/own-data.md", "docs/gpu-guide.md", "docs/classifier.md", "docs/demo.md")
 NOT_YET: set[str] = set()
 
+# Sections of reference pages that run as the guides run (the rest of those pages is not run): (page, heading)
+SECTIONS = (("docs/python.md", "## Training from Python"),)
+
 TOUR = ["train", "eval", "probe", "sample", "inpaint", "export", "finetune"]
 USE = ["eval", "predict"]  # the fine-tuned classifier, after finetune
 
@@ -45,6 +48,39 @@ def test_the_guide_runs_as_written(page, tmp_path, monkeypatch):
     result = guides.run_page(path)
     assert result["commands"], f"{page} ran no command"
     assert len(result["skipped"]) <= guides.MAX_SKIPS, result["skipped"]
+
+
+@pytest.mark.parametrize("page,heading", SECTIONS)
+def test_a_reference_section_runs_as_written(page, heading, tmp_path, monkeypatch):
+    text = (ROOT / page).read_text()
+    start = text.index(f"\n{heading}\n")
+    end = text.find("\n## ", start + 1)
+    section = tmp_path / "section.md"
+    section.write_text(text[start : end if end != -1 else None])
+    monkeypatch.chdir(guides.make_workdir(tmp_path / "work"))
+    result = guides.run_page(section)
+    assert result["python"] >= 1 and result["skipped"] == []
+
+
+def test_python_training_calls_get_short_appended_to_their_overrides(monkeypatch):
+    from vitmask.train import run
+
+    calls = []
+    monkeypatch.setattr(run, "train", lambda *args, **kwargs: calls.append((args, kwargs)))
+    monkeypatch.setattr(run, "finetune", lambda *args, **kwargs: calls.append((args, kwargs)))
+    import vitmask
+
+    with guides.short_python_training():
+        vitmask.train("c.yaml", ["seed=1"], "runs/x")
+        vitmask.train("c.yaml", overrides=("seed=2",), device="cpu")
+        vitmask.finetune("m.pt", "c.yaml", run_dir="runs/y")
+    vitmask.train("c.yaml")
+    assert calls == [
+        (("c.yaml", ["seed=1", *guides.SHORT], "runs/x"), {}),
+        (("c.yaml",), {"overrides": ["seed=2", *guides.SHORT], "device": "cpu"}),
+        (("m.pt", "c.yaml"), {"run_dir": "runs/y", "overrides": list(guides.SHORT)}),
+        (("c.yaml",), {}),  # outside, as given
+    ]
 
 
 def test_the_readme_tour_is_train_eval_probe_sample_inpaint_export_load_finetune_then_uses_the_classifier():

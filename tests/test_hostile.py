@@ -37,6 +37,8 @@ from vitmask.store.checkpoint import (
     verify_checksum,
     write_checkpoint_file,
 )
+from vitmask.train import loggers
+from vitmask.train import run as training_run
 
 SHORT = {"train": {"max_steps": 4, "eval_every": 2, "checkpoint_every": 2, "log_every": 2}}
 ENV = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
@@ -481,7 +483,7 @@ def test_leftovers_go_after_a_failed_fresh_start_but_a_failed_resume_keeps_every
     cfg = write_config(tmp_path / "c.yaml", SHORT)
     assert "already exists and is not empty" in one_error(capsys, "train", "--config", cfg, "--run-dir", fresh)
     (fresh / "notes.txt").unlink()
-    monkeypatch.setattr(verbs.Trainer, "fit", stop)  # after config.yaml and the event file are written
+    monkeypatch.setattr(training_run.Trainer, "fit", stop)  # after config.yaml and the event file are written
     assert "stop" in one_error(capsys, "train", "--config", cfg, "--run-dir", fresh)
     assert list(fresh.iterdir()) == []  # config.yaml and the event file it wrote are gone
 
@@ -506,7 +508,7 @@ def test_a_full_disk_at_the_start_of_a_resumed_run_names_its_step_and_leaves_no_
         (Path(run_dir) / "events.out.tfevents.9.host.9.0").write_bytes(b"")  # created, then nothing fits
         raise OSError(errno.ENOSPC, "No space left on device", str(Path(run_dir) / "events.out.tfevents.9.host.9.0"))
 
-    monkeypatch.setattr(verbs, "TensorBoardLogger", full)
+    monkeypatch.setattr(loggers, "TensorBoardLogger", full)
     line = one_error(capsys, "train", "--run-dir", run, "--resume", "auto", "--set", "train.max_steps=8")
     assert line.startswith("vitmask: error: training stopped at step 4: cannot write events.out.tfevents.9.host.9.0")
     assert f"the last checkpoint, {run / 'last.pt'} (step 4), is intact" in line
@@ -615,14 +617,14 @@ def test_a_run_that_fails_after_a_checkpoint_keeps_the_event_file_it_wrote(train
 
     run = Path(shutil.copytree(trained, tmp_path / "run"))
     before = set(files_of(run))
-    log = verbs.TensorBoardLogger.log
+    log = loggers.TensorBoardLogger.log
 
     def full_at_step_8(self, metrics, step):
         if step >= 8:
             raise OSError(errno.ENOSPC, "No space left on device")
         log(self, metrics, step)
 
-    monkeypatch.setattr(verbs.TensorBoardLogger, "log", full_at_step_8)
+    monkeypatch.setattr(loggers.TensorBoardLogger, "log", full_at_step_8)
     line = one_error(capsys, "train", "--run-dir", run, "--resume", "auto", "--set", "train.max_steps=10")
     assert "training stopped at step 8" in line and "(step 6), is intact" in line
     new = {n: b for n, b in files_of(run).items() if n not in before}

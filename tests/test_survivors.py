@@ -24,7 +24,6 @@ import torch
 
 from tests.conftest import ROOT, TINY, assert_user_error, train_tiny, write_config
 from tests.test_finetune_regularisers import ft_config, one_pixel_images
-from vitmask.cli import verbs
 from vitmask.config import config_from_dict, flatten_config
 from vitmask.data import masking
 from vitmask.data.batches import load_labelled_splits
@@ -34,6 +33,7 @@ from vitmask.model.vit import build_model
 from vitmask.store import rundir
 from vitmask.store.checkpoint import load_checkpoint, step_path
 from vitmask.store.init_weights import WEIGHT_FREE, check_same_model
+from vitmask.train import loggers
 from vitmask.train.finetune import FinetuneTrainer, LabelledBatchSampler
 from vitmask.train.trainer import Trainer
 
@@ -157,14 +157,14 @@ def test_a_stopped_finetuning_prints_a_resume_command_that_works(run_cli, pretra
 
 
 def test_a_full_disk_during_finetuning_names_the_finetune_resume(run_cli, pretrained, tmp_path, monkeypatch):
-    log = verbs.TensorBoardLogger.log
+    log = loggers.TensorBoardLogger.log
 
     def full_at_step_4(self, metrics, step):
         if step >= 4:
             raise OSError(errno.ENOSPC, "No space left on device")
         log(self, metrics, step)
 
-    monkeypatch.setattr(verbs.TensorBoardLogger, "log", full_at_step_4)
+    monkeypatch.setattr(loggers.TensorBoardLogger, "log", full_at_step_4)
     run = tmp_path / "ft"
     args = ["--checkpoint", pretrained, "--config", finetune_config(tmp_path), "--run-dir", run, "--no-baselines"]
     needles = ("training stopped at step 4", "(step 2), is intact", f"vitmask finetune --run-dir {run} --resume auto")

@@ -2,13 +2,15 @@
 tests/typecheck/user_script.py) finds no error in a script of the documented API, and reports every
 wrong call planted in another script, each on its line, with the rule that catches it. Both files are
 checked in one run of pyright (a few seconds). The names `import vitmask` serves lazily are those its
-TYPE_CHECKING block imports for type checkers, and __all__ names them all.
+TYPE_CHECKING block imports for type checkers, and __all__ names them all. `vitmask.train` is the
+package of that name, which runs the function when called: it unwraps to it (vitmask/train/__init__.py).
 
 pyright runs on Node.js: without `node` (or pyright) the checker tests skip, and fail under VITMASK_CI=1."""
 
 import ast
 import importlib
 import importlib.util
+import inspect
 import json
 import os
 import shutil
@@ -38,6 +40,8 @@ processor = vitmask.ImageProcessor(image_size="28")  # error: reportArgumentType
 net = vitmask.load_pretraned("mnist")  # error: reportAttributeAccessIssue
 names: list[str] = classifier.predict(images).names  # error: reportAssignmentType
 version: int = vitmask.__version__  # error: reportAssignmentType
+result = vitmask.train("configs/default.yaml", device=0)  # error: reportArgumentType
+steps: str = vitmask.finetune("mnist", "configs/finetune.yaml").step  # error: reportAssignmentType
 """
 
 
@@ -90,7 +94,8 @@ def test_every_wrong_call_is_reported_on_its_line_by_its_rule(diagnostics):
 
 def test_the_typed_names_are_the_lazy_names_and_all_of_them():
     """vitmask/__init__.py's TYPE_CHECKING block imports, from the module _LAZY names, each name _LAZY
-    serves; __all__ is those and __version__; each resolves at run time to the object the block imports."""
+    serves; __all__ is those and __version__; each resolves at run time to the object the block imports
+    (`vitmask.train`: the callable package, which unwraps to it)."""
     tree = ast.parse(Path(vitmask.__file__).read_text())
     block = next(
         node
@@ -101,4 +106,5 @@ def test_the_typed_names_are_the_lazy_names_and_all_of_them():
     assert typed == vitmask._LAZY
     assert sorted(vitmask.__all__) == sorted([*typed, "__version__"])
     for name, module in typed.items():
-        assert getattr(vitmask, name) is getattr(importlib.import_module(module), name)
+        assert inspect.unwrap(getattr(vitmask, name)) is getattr(importlib.import_module(module), name)
+    assert vitmask.train is importlib.import_module("vitmask.train") and callable(vitmask.train)

@@ -13,6 +13,10 @@ The Python API, each name imported on first use so that `import vitmask` stays c
   the `logits` and `fill` of hidden patches, from images (inference/masked.py);
 - `vitmask.ImageProcessor`: images (arrays, tensors, PIL images, files) -> binary pixels, patches and
   token classes, as a model was trained (data/processor.py);
+- `vitmask.train(config, overrides=[...], run_dir=..., callbacks=[...], device="auto", resume=...)`:
+  a training run, the very one `vitmask train` runs, returning a `TrainResult`; `vitmask.finetune(...)`
+  the same for `vitmask finetune`, returning a `FinetuneResult` (train/run.py). `vitmask.train` is the
+  package vitmask.train, which runs `run.train` when called (vitmask/train/__init__.py);
 - `vitmask.__version__`: the version pyproject.toml holds.
 
 Type checkers see the real objects (the `TYPE_CHECKING` block below; the package ships `py.typed`), and
@@ -23,13 +27,22 @@ no `__getattr__`, so a misspelt name is an error to them as it is at run time.
 # name TYPE_CHECKING as True
 TYPE_CHECKING = False
 
-__all__ = ["ImageProcessor", "__version__", "load_classifier", "load_masked_model", "load_pretrained"]
+__all__ = [
+    "ImageProcessor",
+    "__version__",
+    "finetune",
+    "load_classifier",
+    "load_masked_model",
+    "load_pretrained",
+    "train",
+]
 
 if TYPE_CHECKING:  # the real objects, for type checkers; at run time __getattr__ imports each on first use
     from vitmask.data.processor import ImageProcessor
     from vitmask.inference.classifier import load_classifier
     from vitmask.inference.masked import load_masked_model
     from vitmask.store.export import load_pretrained
+    from vitmask.train.run import finetune, train
 
     __version__: str
 
@@ -38,6 +51,8 @@ _LAZY = {
     "load_classifier": "vitmask.inference.classifier",
     "load_masked_model": "vitmask.inference.masked",
     "ImageProcessor": "vitmask.data.processor",
+    "train": "vitmask.train.run",
+    "finetune": "vitmask.train.run",
 }
 
 
@@ -74,5 +89,7 @@ if not TYPE_CHECKING:  # hidden from type checkers: with it, any attribute of th
         if name in _LAZY:
             import importlib
 
+            if name == "train":  # the package vitmask.train, which the import system sets here anyway: callable
+                return importlib.import_module("vitmask.train")
             return getattr(importlib.import_module(_LAZY[name]), name)
         raise AttributeError(f"module 'vitmask' has no attribute {name!r}")

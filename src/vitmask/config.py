@@ -894,7 +894,7 @@ def _upgrade(raw: dict[str, Any]) -> None:
         train["eval_images"] = batches * EVAL_BATCH if type(batches) is int and batches > 0 else batches
 
 
-# keys an older config may hold, read as today's by `_upgrade`
+# keys `_upgrade` reads into the keys that replaced them
 LEGACY_KEYS = ("train.eval_batches",)
 ConfigSource = str | Path | Config | typing.Mapping[str, Any] | typing.Sequence[str | Path]
 

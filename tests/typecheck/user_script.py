@@ -10,6 +10,7 @@ import torch
 
 import vitmask
 from vitmask.errors import UserError
+from vitmask.train.callbacks import Callback, EarlyStopping
 
 
 def classify(folder: Path) -> list[list[str]]:
@@ -46,3 +47,23 @@ def version() -> str:
     except UserError as e:
         return f"vitmask {vitmask.__version__}: {e}"
     return vitmask.__version__
+
+
+class StopBelow(Callback):
+    def on_validation_end(self, step: int, metrics: dict[str, float]) -> str | None:
+        return f"val/loss below 0.1 at step {step}" if metrics["val/loss"] < 0.1 else None
+
+
+def train(config: Path) -> tuple[Path | None, float]:
+    result = vitmask.train(
+        [config, "mine.yaml"],
+        overrides=["train.max_steps=10"],
+        run_dir="runs/x",
+        callbacks=[EarlyStopping("val/loss", patience=2), StopBelow()],
+        device="cpu",
+        resume="auto",
+    )
+    best: float = result.best_metrics["val/loss"]
+    classifier = vitmask.finetune("mnist", "configs/finetune.yaml", run_dir=Path("runs/ft"), baselines=False)
+    assert classifier.stopped_early or classifier.stop_reason
+    return result.best_checkpoint, best + classifier.test_accuracy

@@ -6,8 +6,12 @@ and exits 130 or 143; a signal at any other moment (start-up, data loading, eval
 line and the same codes, after the clean-up of `finally` blocks (`errors.Stopped`). A closed
 stdout (`vitmask eval | head -1`, `--help` too) ends quietly with exit code 141, what a shell
 reports for a writer stopped by SIGPIPE; a path the file system refuses in a way no check
-foresaw (too long, a symlink loop, an I/O error) ends in one line naming it. Anything else is a
-bug and keeps its traceback.
+foresaw (too long, a symlink loop, an I/O error) ends in one line naming it. A training callback
+that raised (`callbacks.CallbackError`, after its checkpoint was written) ends in its one line and
+exit code 1. Anything else is a bug and keeps its traceback.
+
+`--config` repeats: the files compose in order, a later file's keys winning key by key, then `--set`
+(config.load_config); `vitmask config` prints the result.
 
 Parsing, `--help` and `--version` never import torch (seconds): the modules that do are imported
 when a command runs (`_library_first`, `_ImportedOnFirstUse`).
@@ -41,6 +45,7 @@ from vitmask.config import dump_config
 from vitmask.errors import Stopped, UserError
 from vitmask.outputs import reason
 from vitmask.signals import Interrupted, early_stop
+from vitmask.train.callbacks import CallbackError
 
 
 class CannotStart(Exception):
@@ -60,7 +65,7 @@ class _ImportedOnFirstUse:
 
 
 verbs = _ImportedOnFirstUse("vitmask.cli.verbs")
-finetune_verb = _ImportedOnFirstUse("vitmask.cli.finetune")
+training = _ImportedOnFirstUse("vitmask.train.run")  # what `vitmask.train` and `vitmask.finetune` run too
 
 
 def _library_first(callback):
@@ -155,7 +160,20 @@ def _group(
     pass
 
 
-ConfigOpt = typer.Option(None, "--config", "-c", help="YAML config file, e.g. configs/default.yaml.")
+ConfigOpt = typer.Option(
+    [],
+    "--config",
+    "-c",
+    help="YAML config file, e.g. configs/default.yaml; repeat it to compose files: a later file's keys win over an "
+    "earlier's, key by key, then --set.",
+)
+
+
+def configs(paths: list[Path]) -> Path | list[Path] | None:
+    """The --config files as the library takes them: None for none, the path for one, the list for several."""
+    return None if not paths else paths[0] if len(paths) == 1 else list(paths)
+
+
 SetOpt = typer.Option([], "--set", help="Override a config key, e.g. --set train.lr=3e-4 (repeatable; applied last).")
 DeviceOpt = typer.Option("auto", "--device", help="auto | cpu | cuda (auto picks cuda when available).")
 ForceOpt = typer.Option(
@@ -227,7 +245,7 @@ ChoiceOpt = typer.Option(
 
 @app.command()
 def train(
-    config: Path = ConfigOpt,
+    config: list[Path] = ConfigOpt,
     overrides: list[str] = SetOpt,
     run_dir: Path = typer.Option(None, "--run-dir", help="Where the run writes; default runs/<config name>."),
     resume: str = typer.Option(
@@ -256,11 +274,20 @@ def train(
     Under torchrun (`torchrun --nproc_per_node=N -m vitmask train ...`) it trains data-parallel.
     SIGINT/SIGTERM finish the current step, write a checkpoint and exit 130/143.
     """
-    run_dir, val = verbs.train(config, overrides, run_dir, resume, device, init, init_weights, force_preprocessing)
+    result = training.train(
+        configs(config),
+        overrides,
+        run_dir,
+        device=device,
+        resume=resume,
+        init=init,
+        init_weights=init_weights,
+        force_preprocessing=force_preprocessing,
+    )
     if os.environ.get("RANK", "0") != "0":
         return
-    print(f"done: {run_dir}/last.pt  val acc {val.get('acc', float('nan')):.4f}")
-    print(f"evaluate it with: vitmask eval --checkpoint {run_dir}/last.pt --split test")
+    print(f"done: {result.run_dir}/last.pt  val acc {result.final_metrics.get('val/acc', float('nan')):.4f}")
+    print(f"evaluate it with: vitmask eval --checkpoint {result.run_dir}/last.pt --split test")
 
 
 @app.command("eval")
@@ -500,7 +527,7 @@ def sample(
 
 @app.command("count-params")
 def count_params(
-    config: Path = ConfigOpt,
+    config: list[Path] = ConfigOpt,
     checkpoint: Path = typer.Option(
         None,
         "--checkpoint",
@@ -512,18 +539,19 @@ def count_params(
     """Print one row per parameter tensor, then the total (with a decoder, the encoder's and the decoder's first)."""
     from vitmask.model.params import format_table
 
-    print(format_table(verbs.count_params(config, checkpoint, overrides)))
+    print(format_table(verbs.count_params(configs(config), checkpoint, overrides)))
 
 
 @app.command("config")
-def config_cmd(config: Path = ConfigOpt, overrides: list[str] = SetOpt) -> None:
-    """Print the resolved config (file plus --set overrides) as YAML."""
-    print(dump_config(verbs.resolve_config(config, overrides)), end="")
+def config_cmd(config: list[Path] = ConfigOpt, overrides: list[str] = SetOpt) -> None:
+    """Print the resolved config as YAML: the --config files composed in order (a later file's keys win, key
+    by key), then the --set overrides; every key, defaults included. What vitmask train would train with."""
+    print(dump_config(verbs.resolve_config(configs(config), overrides)), end="")
 
 
 @app.command()
 def preview(
-    config: Path = ConfigOpt,
+    config: list[Path] = ConfigOpt,
     overrides: list[str] = SetOpt,
     out: Path = typer.Option(Path("preview.png"), "--out", help="The PNG grid to write."),
     count: int = typer.Option(16, "--count", help="Training images in the grid."),
@@ -531,7 +559,7 @@ def preview(
     force_preprocessing: bool = ForceOpt,
 ) -> None:
     """Write a PNG grid of sample images with their masks, and print the dataset's statistics."""
-    print(verbs.preview(config, overrides, out, count, seed, force_preprocessing))
+    print(verbs.preview(configs(config), overrides, out, count, seed, force_preprocessing))
     print(f"wrote {out}")
 
 
@@ -567,7 +595,7 @@ def finetune(
         help="The pretrained model: a .pt checkpoint, an export dir or a shipped model's name such as mnist "
         "(EMA weights if present).",
     ),
-    config: Path = ConfigOpt,
+    config: list[Path] = ConfigOpt,
     overrides: list[str] = SetOpt,
     run_dir: Path = typer.Option(None, "--run-dir", help="Where the run writes; default runs/<config name>-finetune."),
     resume: str = typer.Option(
@@ -588,9 +616,17 @@ def finetune(
     How the images were made binary (data.image_size, fit, threshold, invert) comes from the pack's
     header, or from the pretrained model on the same raw images, over the --config file's values;
     the classifier records it, and vitmask predict applies it to raw images."""
-    r = finetune_verb.finetune(
-        checkpoint, config, overrides, run_dir, resume, device, weights, baselines, force_preprocessing
-    )
+    r = training.finetune(
+        checkpoint,
+        configs(config),
+        overrides,
+        run_dir,
+        device=device,
+        resume=resume,
+        weights=weights,
+        baselines=baselines,
+        force_preprocessing=force_preprocessing,
+    ).report()
     if as_json:
         print(json.dumps(r))
         return
@@ -661,7 +697,7 @@ def predict(
 
 @app.command()
 def pack(
-    config: Path = ConfigOpt,
+    config: list[Path] = ConfigOpt,
     overrides: list[str] = SetOpt,
     out: Path = typer.Option(None, "--out", help="The packed dataset directory to write (docs/corpora.md)."),
     verify: Path = typer.Option(
@@ -679,7 +715,7 @@ def pack(
     """Pack the configured source into a bit-packed, memory-mapped dataset (train it with data.source=packed),
     or check one with --verify DIR."""
     if verify is not None:
-        if out is not None or config is not None or overrides:
+        if out is not None or config or overrides:
             raise UserError("pack --verify DIR checks a pack and takes no --out, --config or --set; run them apart")
         if no_labels:
             raise UserError("pack --no-labels is for writing a pack (--out DIR), not for --verify; run them apart")
@@ -696,7 +732,7 @@ def pack(
         return
     if out is None:
         raise UserError("pack needs --out DIR (the pack to write), or --verify DIR (a pack to check)")
-    header = verbs.pack(config, overrides, out, labels=not no_labels)
+    header = verbs.pack(configs(config), overrides, out, labels=not no_labels)
     splits = ", ".join(f"{k} {v['count']:,}" for k, v in header["splits"].items())
     print(f"wrote {out}: {header['count']:,} images {header['height']}x{header['width']} ({splits})")
 
@@ -796,6 +832,9 @@ def main(argv: list[str] | None = None) -> None:
     except UserError as e:
         _say(f"vitmask: error: {' '.join(str(e).split())}")
         sys.exit(2)
+    except CallbackError as e:  # a training callback raised; its run stopped after writing a checkpoint
+        _say(f"vitmask: error: {' '.join(str(e).split())}")
+        sys.exit(1)
     except Interrupted as e:  # SIGINT / SIGTERM during training, after its checkpoint was written
         _say(f"vitmask: {e}")
         sys.exit(e.code)

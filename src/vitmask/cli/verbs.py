@@ -5,18 +5,17 @@ The CLI only parses arguments and renders results and errors; everything here is
 Python and raises `UserError` for bad input.
 """
 
-import contextlib
 import dataclasses
 import math
 from pathlib import Path
 
 import torch
 
-from vitmask.config import Config, check_seed, config_from_dict, dump_config, load_config
+from vitmask.config import Config, check_seed, config_from_dict, load_config
 from vitmask.data.batches import SPLITS, eval_batches, load_labelled_splits, load_splits
-from vitmask.data.binarization import Asked, follow_pack, foreground_share, tell, warn_if_inverted
+from vitmask.data.binarization import Asked, follow_pack, tell
 from vitmask.data.masking import centre_box_mask
-from vitmask.data.packed import DamagedRows, PackedImages, spread
+from vitmask.data.packed import PackedImages, spread
 from vitmask.data.per_class import take_per_class, unpacked_splits
 from vitmask.data.preprocess import binarize_images, load_image_file
 from vitmask.data.processor import ImageProcessor, ProcessedImages
@@ -25,7 +24,7 @@ from vitmask.evaluate.classify import classifier_report, confusion_image, confus
 from vitmask.evaluate.exact_nll import AUTO, AUTO_IMAGES, check_exact_args, exact_nll_report
 from vitmask.evaluate.likelihood import check_nll_args, nll_report
 from vitmask.evaluate.pictures import image_grid, reconstruction_grid, save_binary_image, save_grid
-from vitmask.evaluate.probe import online_probe, require_labels, run_probes
+from vitmask.evaluate.probe import require_labels, run_probes
 from vitmask.evaluate.scores import evaluate_split
 from vitmask.generate.inpaint import (
     boxes_to_mask,
@@ -42,36 +41,26 @@ from vitmask.model.memory_estimate import check_fits, check_model_fits
 from vitmask.model.params import ParamRow, param_rows
 from vitmask.model.vit import build_model
 from vitmask.outputs import (
-    REPLACE_ANY,
     check_not_a_link_loop,
     check_out_file,
     file_id,
     reason,
     write_atomically,
-    write_text,
 )
 from vitmask.pretrained import check_data, resolve_model_path
 from vitmask.progress import Progress
-from vitmask.runtime import distributed
-from vitmask.runtime.memory import is_out_of_memory, out_of_memory
 from vitmask.runtime.process import resolve_device
 from vitmask.store import classifier as classifiers
 from vitmask.store import export as exports
-from vitmask.store import rundir
-from vitmask.store.checkpoint import (
-    describe_load_failure,
-)
 from vitmask.store.export import load_model
-from vitmask.store.init_weights import check_flags as init_weights_check
-from vitmask.store.init_weights import load_init
 from vitmask.store.model_files import open_model_files
-from vitmask.train.loggers import TensorBoardLogger
-from vitmask.train.trainer import Trainer
+from vitmask.train import run
+from vitmask.train.run import load_data, run_plan  # noqa: F401  (run_plan: what cli/finetune.py runs)
 
 MAX_GRID_IMAGES = 256  # images in one reconstruct or preview PNG: beyond, the grid alone takes gigabytes
 
 
-def resolve_config(config: Path | None, overrides: list[str], state: dict | None = None) -> Config:
+def resolve_config(config: Path | list[Path] | None, overrides: list[str], state: dict | None = None) -> Config:
     if config is not None:
         return load_config(config, overrides)
     if state is not None:
@@ -80,7 +69,7 @@ def resolve_config(config: Path | None, overrides: list[str], state: dict | None
 
 
 def train(
-    config: Path | None,
+    config: Path | list[Path] | None,
     overrides: list[str],
     run_dir: Path | None,
     resume: str | None,
@@ -89,137 +78,19 @@ def train(
     init_weights: str | None = None,
     force_preprocessing: bool = False,
 ) -> tuple[Path, dict[str, float]]:
-    """Start or continue a run. Returns the run dir and the final validation metrics.
-
-    `resume` is a checkpoint path, or "auto": the newest checkpoint in the run dir, or a fresh start
-    when it has none. Which checkpoint, which run dir, which config changes a resume may make, the
-    lock and the clean-up of a failed start: rundir.py. `init` (an export dir or a checkpoint,
-    `init_weights` ema | raw) starts a new run from its weights: store/init_weights.py, every check
-    before the run dir is made. A fresh run follows how its images were made binary: a pack's header,
-    or on the raw images `init` was trained on, its config (data/binarization.py;
-    `force_preprocessing` keeps a `--set` that contradicts them). Under torchrun every rank trains;
-    only rank 0 owns and writes the run dir.
-    """
-    world, device = distributed.init(resolve_device(device_name))
-    try:
-        init_weights_check(init, init_weights, resume)
-        plan = rundir.resolve(config, overrides, run_dir, resume, force_preprocessing)
-        if init is not None:
-            weights = load_init(init, plan.cfg, init_weights, Asked.of(config, overrides, force_preprocessing))
-            plan = dataclasses.replace(plan, cfg=weights.config, init=weights, said=plan.said + weights.said)
-        check_fits(plan.cfg, device)
-        fresh = plan.state is None
-        owner = rundir.RunDir(plan.run_dir, fresh, auto=resume == "auto") if world.main else contextlib.nullcontext()
-        with owner, rundir.quiet_writer_threads():
-            val = run_plan(plan, device, world)
-        distributed.barrier(world)  # no rank tears the process group down while another still uses it
-        return plan.run_dir, val
-    finally:
-        distributed.shutdown()
-
-
-def _masked_patch_trainer(cfg: Config, data, device: torch.device, **kwargs) -> Trainer:
-    return Trainer(cfg, data.images, device, **kwargs)
-
-
-def run_plan(
-    plan: rundir.Resolved, device: torch.device, world: distributed.World, make_trainer=_masked_patch_trainer
-) -> dict[str, float]:
-    """Load the data, build (and restore) the trainer (`make_trainer(cfg, labelled splits, device,
-    logger=, world=, probe=)`, and `init=` for a plan with initial weights), write config.yaml,
-    train; failed writes (a full disk) and allocations end in one line. Before training: the lines
-    on what the config took from a record (`plan.said`), and a warning when the train split looks
-    inverted (binarization.warn_if_inverted)."""
-    cfg, run_dir = plan.cfg, plan.run_dir
-    data = load_data(cfg, device, load_labelled_splits)
-    trainer = None
-    start = int(plan.state["step"]) if plan.state is not None else 0  # the step where this process begins
-    try:
-        probe = online_probe(cfg, data, device) if world.main else None
-        logger = TensorBoardLogger(run_dir) if world.main else None
-        init = {"init": plan.init} if plan.init is not None else {}
-        trainer = make_trainer(cfg, data, device, logger=logger, world=world, probe=probe, **init)
-        trainer.run_id = plan.run_id
-        if plan.state is not None:
-            _restore(trainer, plan)
-        elif plan.init is not None and world.main:
-            print(f"starting a new run in {run_dir} from {plan.init.describe()}", flush=True)
-        if world.main:
-            tell(plan.said)
-            share = foreground_share(data.images["train"])
-            warn_if_inverted(share, cfg.data, "the training images", repack=cfg.data.source == "packed")
-            write_text(run_dir / "config.yaml", dump_config(cfg), "config", make_folder=False, replaces=REPLACE_ANY)
-        val = trainer.fit(run_dir)
-        trainer.close()
-        return val
-    except Exception as e:
-        if trainer is not None:
-            with contextlib.suppress(Exception):
-                trainer.close()
-        if is_out_of_memory(e):
-            raise out_of_memory(e, device, f"training at step {trainer.step if trainer else start}") from None
-        if isinstance(e, DamagedRows):  # a damaged block of a pack, met as its rows were first read
-            raise _stopped_by_damage(e, run_dir, trainer.step if trainer else start) from None
-        if isinstance(e, UserError) and not hasattr(e, "errno"):
-            raise
-        failure = rundir.write_failure(e, run_dir, trainer.step if trainer else start) if world.main else None
-        if failure is None:
-            raise
-        raise failure from None
-    except BaseException:
-        if trainer is not None:
-            with contextlib.suppress(Exception):
-                trainer.close()
-        raise
-
-
-def _stopped_by_damage(e: DamagedRows, run_dir: Path, step: int) -> UserError:
-    """The one line for a run stopped by damaged rows of its pack: what is damaged, and which checkpoint is kept."""
-    kept = rundir.last_checkpoint(run_dir)
-    if kept is None:
-        what = "no checkpoint had been written yet, so the run left nothing behind"
-    else:
-        what = f"the last checkpoint, {kept[0]} (step {kept[1]}), is kept; resume from it once the pack is whole"
-    return UserError(f"training stopped at step {step}: {e}; {what}")
-
-
-def load_data(cfg: Config, device: torch.device, loader=load_splits):
-    """`loader(cfg)` (`load_splits` or `load_labelled_splits`), with a file-system error or an
-    allocation failure as one line."""
-    try:
-        return loader(cfg)
-    except OSError as e:
-        where = f" under data.path {cfg.data.path}" if cfg.data.source != "shapes" else ""
-        raise UserError(f"cannot read the {cfg.data.source} data{where} ({reason(e)}); check data.path") from None
-    except Exception as e:
-        if is_out_of_memory(e):
-            raise out_of_memory(e, device, "loading the data") from None
-        raise
-
-
-def _restore(trainer: Trainer, plan: rundir.Resolved) -> None:
-    """Load the resumed checkpoint into the trainer and say so (one stdout line)."""
-    try:
-        trainer.load_state_dict(plan.state)
-    except UserError:
-        raise
-    except (KeyError, TypeError, ValueError, RuntimeError, IndexError, AttributeError) as e:
-        raise describe_load_failure(e, plan.source) from None
-    for group in trainer.optimizer.param_groups:  # torch checks the counts, not the shapes, of the moments
-        for p in group["params"]:
-            for k, v in trainer.optimizer.state.get(p, {}).items():
-                if torch.is_tensor(v) and v.dim() > 0 and v.shape != p.shape:
-                    raise describe_load_failure(
-                        ValueError(f"optimizer {k} of shape {tuple(v.shape)} for a parameter of {tuple(p.shape)}"),
-                        plan.source,
-                    )
-    if not trainer.world.main:
-        return
-    changed = f" (changed: {'; '.join(plan.changes)})" if plan.changes else ""
-    if plan.run_id == plan.state.get("run_id") or rundir.same_dir(plan.source.parent, plan.run_dir):
-        print(f"resuming {plan.run_dir} from step {trainer.step}{changed}", flush=True)
-    else:
-        print(f"starting a new run in {plan.run_dir} from {plan.source} (step {trainer.step}){changed}", flush=True)
+    """`vitmask train` (train/run.py `train`, which the command runs) as the run dir and the final
+    validation's metrics by their plain names (loss, acc, ...)."""
+    result = run.train(
+        config,
+        overrides,
+        run_dir,
+        device=device_name,
+        resume=resume,
+        init=init,
+        init_weights=init_weights,
+        force_preprocessing=force_preprocessing,
+    )
+    return result.run_dir, {k.removeprefix("val/"): v for k, v in result.final_metrics.items() if k.startswith("val/")}
 
 
 def check_grid_count(value: int, flag: str, what: str) -> None:
@@ -563,7 +434,12 @@ def data_inputs(cfg: Config) -> dict[str, tuple[Path, ...]]:
 
 
 def preview(
-    config: Path | None, overrides: list[str], out: Path, count: int, seed: int, force_preprocessing: bool = False
+    config: Path | list[Path] | None,
+    overrides: list[str],
+    out: Path,
+    count: int,
+    seed: int,
+    force_preprocessing: bool = False,
 ) -> str:
     """Write the preview grid of the configured data to `out`; return the statistics as text. A pack
     is previewed with the binarization its header records (data/binarization.py `follow_pack`)."""
@@ -580,7 +456,11 @@ def preview(
         count = MAX_GRID_IMAGES
     check_seed(seed, "--seed")
     inputs = data_inputs(cfg)
-    check_out_file(out, inputs=(*inputs["inputs"], config), input_folders=inputs["input_folders"])
+    check_out_file(
+        out,
+        inputs=(*inputs["inputs"], *(config if isinstance(config, list) else [config])),
+        input_folders=inputs["input_folders"],
+    )
     replaces = file_id(out)  # the file given, if any: the only one the preview may replace
     check_fits(cfg, torch.device("cpu"), training=False, what="loading the data of")
     stats = write_preview(load_splits(cfg), cfg, out, count, seed, replaces)

@@ -18,9 +18,9 @@ Resolving a run (`resolve`), before anything is written:
   id, from before ids, count as another run's unless they lie in DIR). Into a dir without
   checkpoints it starts a new run (a fork, with a new id) from PATH's state.
 - Config changes on resume: the checkpoint's config is the run's. Only the keys in `RESUMABLE`
-  (run length, cadences, compile, determinism, precision, where the data lives, the name) may
-  differ, and they are applied; they are printed, and config.yaml and every later checkpoint
-  hold them. Any other difference (`--set` or an edited `--config`) is refused, naming each key
+  (run length, cadences, compile, determinism, precision, loggers, early stopping, where the data
+  lives, the name) may differ, and they are applied; they are printed, and config.yaml and every
+  later checkpoint hold them. Any other difference (`--set` or an edited `--config`) is refused, naming each key
   with its old and new value, since the optimizer and schedule state would silently keep the old
   value while config.yaml claimed the new one.
 
@@ -70,6 +70,7 @@ from vitmask.store.init_weights import InitWeights
 LOCK_NAME = ".vitmask.lock"
 NO_FOLLOW = getattr(os, "O_NOFOLLOW", 0)
 CHECKPOINT_NAMES = ("last.pt", "best.pt")
+METRICS_NAMES = ("metrics.csv", "metrics.jsonl")  # the csv and jsonl loggers' files (train/loggers.py)
 # keys a resume may change: how long and how the run goes on, not what it learns from or how
 RESUMABLE = (
     "name",
@@ -85,6 +86,11 @@ RESUMABLE = (
     "train.deterministic",
     "train.precision",
     "train.probe_every",
+    "train.loggers",
+    "train.early_stop_patience",
+    "train.early_stop_metric",
+    "train.early_stop_mode",
+    "train.early_stop_min_delta",
     "data.path",
     "data.download",
 )
@@ -263,9 +269,9 @@ def new_run_id() -> str:
 
 # ---- owning the dir ---------------------------------------------------------------------------
 def _is_own_name(name: str) -> bool:
-    """A name vitmask writes in a run dir: the lock, config.yaml, checkpoints, event files, temps."""
+    """A name vitmask writes in a run dir: the lock, config.yaml, checkpoints, event and metrics files, temps."""
     return (
-        name in (LOCK_NAME, "config.yaml", *CHECKPOINT_NAMES)
+        name in (LOCK_NAME, "config.yaml", *CHECKPOINT_NAMES, *METRICS_NAMES)
         or STEP_FILE.fullmatch(name) is not None
         or name.startswith("events.out.tfevents.")
         or ".tmp-" in name
@@ -273,10 +279,12 @@ def _is_own_name(name: str) -> bool:
 
 
 def _is_leftover(p: Path) -> bool:
-    """Files an earlier vitmask start leaves without a checkpoint: its config, events, temps, lock."""
+    """Files an earlier vitmask start leaves without a checkpoint: its config, events, metrics, temps, lock."""
     n = p.name
     return p.is_file() and (
-        n in ("config.yaml", LOCK_NAME, ".write-test") or n.startswith("events.out.tfevents.") or ".tmp-" in n
+        n in ("config.yaml", LOCK_NAME, ".write-test", *METRICS_NAMES)
+        or n.startswith("events.out.tfevents.")
+        or ".tmp-" in n
     )
 
 

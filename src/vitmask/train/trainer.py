@@ -38,6 +38,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+import vitmask.train.parity as parity  # the modules, not through the package vitmask.train (it calls run.py)
+import vitmask.train.sdpa as sdpa
 from vitmask.config import Config
 from vitmask.data.batches import Batch, BatchSampler, training_images
 from vitmask.errors import Stopped, UserError, warn
@@ -50,7 +52,6 @@ from vitmask.signals import StopSignals, interrupted
 from vitmask.store.checkpoint import load_model_state, load_optimizer_state, step_path
 from vitmask.store.init_weights import InitWeights
 from vitmask.store.saving import Checkpointer
-from vitmask.train import parity, sdpa
 from vitmask.train.callbacks import EarlyStopping, callback_error
 from vitmask.train.compile_check import CompileCheck, device_name
 from vitmask.train.divergence import DivergenceWatch
