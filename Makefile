@@ -26,8 +26,11 @@ install: $(DEPS)
 train: install
 	$(VENV)/bin/vitmask train --config $(CONFIG) --resume auto $(ARGS)
 
+# The suite fails when it takes longer than SUITE_BUDGET seconds (tests/suite_budget.py: one line naming
+# the total and the slowest files, printed on every run); --durations lists the 20 slowest tests.
+SUITE_BUDGET ?= 420
 test: install
-	$(PY) -m pytest $(ARGS)
+	$(PY) -m pytest --durations=20 --suite-budget $(SUITE_BUDGET) $(ARGS)
 
 # the last line: pyright (on Node.js) type-checks a script of the public API; the variable skips its look-up
 # of pyright's latest version on PyPI

@@ -1,5 +1,7 @@
-"""Shared test helpers: tiny configs and running the real CLI in a subprocess."""
+"""Shared test helpers: tiny configs, and running the real CLI in this process or in a process of its own."""
 
+import contextlib
+import io
 import os
 import subprocess
 import sys
@@ -7,6 +9,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+pytest_plugins = ["tests.suite_budget"]  # --suite-budget SECONDS: make test fails a suite that grew slow
 
 ROOT = Path(__file__).resolve().parents[1]
 MNIST_DIR = ROOT.parent / "shared" / "data" / "mnist"
@@ -63,7 +67,45 @@ def tiny_config(tmp_path: Path) -> Path:
 
 
 def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
-    """Run `python -m vitmask ARGS` and capture its output."""
+    """Run `vitmask ARGS` in this process and capture its output: what `run_cli_process` returns, without
+    a process's start-up (an import of torch, about 1.8 CPU-seconds a call). The command runs with one
+    intra-op thread, in `cwd` (the repository by default), with `env` added to os.environ, stdout and
+    stderr captured; all of it is restored afterwards. Use `run_cli_process` where a real process is
+    the point: signals, exit codes set by the interpreter, start-up, streams closed or full."""
+    import torch
+
+    from vitmask.cli import commands
+
+    out, err = io.TextIOWrapper(io.BytesIO(), encoding="utf-8"), io.TextIOWrapper(io.BytesIO(), encoding="utf-8")
+    saved_env = {k: os.environ.get(k) for k in (env or {})}
+    saved_cwd, threads = os.getcwd(), torch.get_num_threads()
+    code = 0
+    try:
+        os.environ.update({k: str(v) for k, v in (env or {}).items()})
+        os.chdir(cwd or ROOT)
+        torch.set_num_threads(1)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                commands.main([str(a) for a in args])
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        torch.set_num_threads(threads)
+        os.chdir(saved_cwd)
+        for k, v in saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    texts = []
+    for stream in (out, err):
+        stream.flush()
+        texts.append(stream.buffer.getvalue().decode("utf-8", errors="backslashreplace"))
+    return subprocess.CompletedProcess(["vitmask", *map(str, args)], code, *texts)
+
+
+def run_cli_process(*args: str, cwd: Path | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run `python -m vitmask ARGS` in a process of its own and capture its output."""
     # one thread per subprocess: on a 2-core machine, several torch processes with 2 threads each thrash
     full_env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1", **(env or {})}
     return subprocess.run(

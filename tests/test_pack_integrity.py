@@ -456,8 +456,8 @@ SLOW_PACK = """
 import sys, time
 import vitmask.data.pack as p
 real = p.plan_in_memory
-def slow(cfg, seed):
-    plan = real(cfg, seed)
+def slow(cfg, seed, *args, **kwargs):
+    plan = real(cfg, seed, *args, **kwargs)
     def chunks(parts=plan.chunks):
         for part in parts:
             for i in range(0, len(part), 8):

@@ -42,9 +42,11 @@ def test_settings_that_cannot_work_here(tmp_path, setting, needles):
     assert not list((tmp_path / "run").glob("*.pt"))
 
 
-def test_compile_without_a_compiler(tmp_path):
+def test_compile_without_a_compiler(tmp_path, monkeypatch):
+    from torch._inductor import config as inductor_config
+
     cfg = write_config(tmp_path / "c.yaml")
-    env = {**ONE, "CXX": "/nonexistent/g++"}
+    monkeypatch.setattr(inductor_config.cpp, "cxx", (None, "/nonexistent/g++"))  # what CXX=/nonexistent/g++ gives
     res = run_cli(
         "train",
         "--config",
@@ -55,7 +57,6 @@ def test_compile_without_a_compiler(tmp_path):
         "cpu",
         "--set",
         "train.compile=true",
-        env=env,
     )
     assert_user_error(res, "train.compile=true", "C++ compiler", "train.compile=false")
 
