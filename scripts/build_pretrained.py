@@ -8,7 +8,7 @@ DIR holds MNIST's test-set idx files (t10k-images-idx3-ubyte and t10k-labels-idx
 gzipped; torchvision's download leaves them in data/mnist/MNIST/raw). In a work folder (--work, by
 default a temporary one) holding a copy of configs/ and the data where the README's tour has it
 (data/mnist/MNIST/raw/t10k-images-idx3-ubyte, so each model's config.json records that path), it runs
-these commands, in this process through the functions the CLI calls (cli/verbs.py, cli/finetune.py):
+these commands, in this process through the functions the CLI calls (cli/verbs.py, train/run.py):
 
     vitmask train --config configs/mnist.yaml --set data.source=idx --set data.path=MNIST --run-dir runs/mnist
     vitmask export --checkpoint runs/mnist/last.pt --weights ema --out mnist
@@ -52,7 +52,6 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import vitmask  # noqa: E402
-from vitmask.cli import finetune as finetune_verb  # noqa: E402
 from vitmask.cli import verbs  # noqa: E402
 from vitmask.config import Config  # noqa: E402
 from vitmask.data.batches import load_labelled_splits  # noqa: E402
@@ -60,6 +59,7 @@ from vitmask.data.class_names import class_names  # noqa: E402
 from vitmask.data.sources import split_plan  # noqa: E402
 from vitmask.pretrained import CLASSIFIER, EXAMPLES_FILE, METADATA_FILE, MNIST_PATH, SHIPPED  # noqa: E402
 from vitmask.store.export import CARD_FILE, load_model  # noqa: E402
+from vitmask.train import run  # noqa: E402
 
 MNIST_FILES = ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 MNIST_DATA = ("--set", "data.source=idx", "--set", f"data.path={MNIST_PATH}")
@@ -160,7 +160,7 @@ def finetune(name: str, config: str, pretrained: str, extra: list[str], device: 
     print(f"$ {command_line(args)}", flush=True)
     overrides = [sets[i + 1] for i in range(0, len(sets), 2)]
     start = time.perf_counter()
-    finetune_verb.finetune(Path(pretrained), Path(config), overrides, Path(f"runs/{name}"), None, device, None, False)
+    run.finetune(pretrained, config, overrides, f"runs/{name}", device=device, baselines=False)
     return [command_line(args)], time.perf_counter() - start
 
 

@@ -21,7 +21,7 @@ SHAPES = ["rectangle", "ellipse", "line", "triangle"]  # the classifier's classe
 def tiny_models(root: Path) -> tuple[Path, Path, Path]:
     """(the masked-patch model's last.pt, its export dir, the classifier's export dir), made under `root`."""
     from vitmask.cli import verbs
-    from vitmask.cli.finetune import finetune
+    from vitmask.train.run import finetune
 
     (root / "masked").mkdir(parents=True, exist_ok=True)
     ckpt = train_tiny(root / "masked", {"train": {"ema_decay": 0.9}})
@@ -29,7 +29,7 @@ def tiny_models(root: Path) -> tuple[Path, Path, Path]:
     verbs.export(ckpt, export)
     train = {**TINY["train"], "max_steps": 6, "eval_every": 6, "checkpoint_every": 6}
     config = write_config(root / "finetune.yaml", {"train": train, "name": "tiny"})
-    finetune(ckpt, config, [], root / "classifier", None, "cpu", baselines=False)
+    finetune(ckpt, config, [], root / "classifier", device="cpu", baselines=False)
     classifier = root / "classifier-export"
     verbs.export(root / "classifier" / "last.pt", classifier)
     return ckpt, export, classifier

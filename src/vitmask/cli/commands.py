@@ -280,7 +280,7 @@ def train(
         run_dir,
         device=device,
         resume=resume,
-        init=init,
+        init=None if init is None else str(init),  # checked as typed (model_arg): a str reads as it did there
         init_weights=init_weights,
         force_preprocessing=force_preprocessing,
     )
@@ -617,7 +617,7 @@ def finetune(
     header, or from the pretrained model on the same raw images, over the --config file's values;
     the classifier records it, and vitmask predict applies it to raw images."""
     r = training.finetune(
-        checkpoint,
+        None if checkpoint is None else str(checkpoint),  # checked as typed (model_arg)
         configs(config),
         overrides,
         run_dir,

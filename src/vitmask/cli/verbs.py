@@ -55,7 +55,7 @@ from vitmask.store import export as exports
 from vitmask.store.export import load_model
 from vitmask.store.model_files import open_model_files
 from vitmask.train import run
-from vitmask.train.run import load_data, run_plan  # noqa: F401  (run_plan: what cli/finetune.py runs)
+from vitmask.train.run import load_data, run_plan  # noqa: F401  (run_plan: what tests and scripts call here)
 
 MAX_GRID_IMAGES = 256  # images in one reconstruct or preview PNG: beyond, the grid alone takes gigabytes
 
