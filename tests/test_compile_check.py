@@ -99,9 +99,11 @@ def test_the_check_stops_a_run_whose_compiled_gradient_is_wrong(tmp_path, monkey
     config = write_config(tmp_path / "c.yaml", {"model": {"depth": 1}, "train": {"compile": True}})
     res = run_cli_in_process("train", "--config", config, "--run-dir", tmp_path / "run")
     torch._dynamo.reset()
-    # stderr: the compile note, then the one error line
-    assert res.stderr.startswith("train.compile: compiling the training step")
-    res.stderr = res.stderr.split("\n", 1)[1]
+    # stderr: the short run's warning and the compile note, then the one error line
+    warning, note, rest = res.stderr.split("\n", 2)
+    assert warning.startswith("vitmask: warning: train.compile with 30 steps to go")
+    assert note.startswith("train.compile: compiling the training step")
+    res.stderr = rest
     assert_user_error(
         res,
         "the compiled training step's gradient disagrees with the eager step's at step 0 on cpu (fp32, attention",
@@ -282,3 +284,33 @@ def test_a_cpu_compile_does_not_print_torchs_cuda_home_line():
     assert res.returncode == 0, res.stderr
     assert res.stdout.startswith("home ")
     assert "No CUDA runtime" not in res.stderr
+
+
+@pytest.mark.parametrize(
+    ("steps", "compile_", "device", "warned"),
+    [
+        (300, True, "cpu", True),
+        (999, True, "cpu", True),
+        (1000, True, "cpu", False),
+        (300, False, "cpu", False),
+        (300, True, "cuda", False),
+    ],
+)
+def test_a_short_compiled_cpu_run_is_told_that_compiling_costs_more_than_it_saves(steps, compile_, device, warned):
+    """Under 1,000 steps a CPU compile (30 s to minutes) costs more than the 44 ms a step it saves."""
+    from vitmask.runtime.process import short_compiled_run
+
+    cfg = config_from_dict(TINY, [f"train.compile={str(compile_).lower()}", f"train.max_steps={steps}"])
+    line = short_compiled_run(cfg, torch.device(device), steps)
+    assert (line is not None) == warned
+    if warned:
+        assert line.startswith(f"train.compile with {steps} steps to go:") and "--set train.compile=false" in line
+
+
+def test_the_trainer_warns_a_short_compiled_run_once_before_its_first_step(monkeypatch, capsys):
+    quick_compile(monkeypatch, fault=False)
+    cfg = small_cfg("train.max_steps=2", "train.eval_every=2")
+    Trainer(cfg, load_splits(cfg), torch.device("cpu")).fit(progress=False)
+    torch._dynamo.reset()
+    err = capsys.readouterr().err
+    assert err.count("vitmask: warning: train.compile with 2 steps to go") == 1

@@ -161,6 +161,24 @@ def uses_cuda_graphs(train, device: torch.device) -> bool:
     return train.compile and train.compile_mode in CUDA_GRAPH_MODES and device.type == "cuda"
 
 
+# Below this many steps a compiled run on a CPU waits longer for its compile than compiling saves:
+# configs/mnist.yaml's compiled step takes 54 ms against eager's 98.5 (docs/results.md, "Ten minutes
+# on two cores"), 44 ms saved a step, while the first compile takes 30 to 45 s with a warm cache
+# (minutes with a cold one): about 1,000 steps to break even with a warm cache.
+SHORT_COMPILED_RUN = 1000
+
+
+def short_compiled_run(cfg: Config, device: torch.device, steps_left: int) -> str | None:
+    """The warning for a compiled CPU run too short to gain from compiling (None when it is not one)."""
+    if not cfg.train.compile or device.type != "cpu" or steps_left >= SHORT_COMPILED_RUN:
+        return None
+    return (
+        f"train.compile with {steps_left} steps to go: compiling the step takes 30 s to several minutes on "
+        f"a CPU, more than it saves under about {SHORT_COMPILED_RUN} steps (44 ms a step for configs/mnist.yaml); "
+        "--set train.compile=false trains it sooner"
+    )
+
+
 def quiet_cuda_home_lookup() -> None:
     """Import torch.utils.cpp_extension (inductor's C++ builds read it) with its logger held at ERROR.
 

@@ -359,6 +359,9 @@ class Trainer:
         train = self.cfg.train
         self.run_dir = run_dir
         checkpointer = Checkpointer(run_dir, train, self.world)
+        short = process.short_compiled_run(self.cfg, self.device, train.max_steps - self.step)
+        if short is not None and self.net is not self.plain_net:
+            warn(short)
         self.reporter.start(self.step, progress)
         val: dict[str, float] = {}
         with StopSignals() as stop:
