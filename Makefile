@@ -13,8 +13,9 @@ $(PY):
 
 # Heavy dependencies: reinstalled only when pyproject.toml, constraints.txt or the extras change. The extras:
 # dev (pytest, ruff, sybil for the tested guides, httpx and playwright for the demo's tests), onnx (`vitmask
-# export --onnx`, which the README's tour runs) and demo (`vitmask demo`: starlette, uvicorn).
-EXTRAS := dev,onnx,demo
+# export --onnx`, which the README's tour runs), demo (`vitmask demo`: starlette, uvicorn), and wandb and
+# mlflow (train.loggers; their tests read back what each recorded, so CI installs them).
+EXTRAS := dev,onnx,demo,wandb,mlflow
 $(DEPS): pyproject.toml constraints.txt Makefile | $(PY)
 	$(PY) -m pip install -q -c constraints.txt -e '.[$(EXTRAS)]'
 	touch $(DEPS)

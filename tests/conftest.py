@@ -24,6 +24,19 @@ TINY = {
 }
 
 
+def extra(module: str):
+    """Import `module`, a package of one of vitmask's extras; skip the test where it is not installed,
+    except under VITMASK_CI=1 (CI installs every extra the tests read), where its absence fails."""
+    if os.environ.get("VITMASK_CI") == "1":
+        import importlib
+
+        try:
+            return importlib.import_module(module)
+        except ImportError as e:
+            pytest.fail(f"{module} is not installed ({e}); under VITMASK_CI=1 its extra must be", pytrace=False)
+    return pytest.importorskip(module)
+
+
 def write_config(path: Path, overrides: dict | None = None) -> Path:
     """Write TINY, with nested `overrides` merged in, as YAML to `path`."""
     cfg = {k: (dict(v) if isinstance(v, dict) else v) for k, v in TINY.items()}

@@ -3,7 +3,7 @@ TensorBoard event files hold (read back by TensorBoard's own EventAccumulator; p
 here, so the files are read with the csv and json modules), a resumed run drops the rows past its
 checkpoint, a missing extra is one line naming the pip command, and W&B (offline) and MLflow (a SQLite
 store) record the config, every scalar by step and the checkpoints' paths, read back through each
-tool's own record format and client. The W&B and MLflow tests skip where their extra is not installed.
+tool's own record format and client. The W&B and MLflow tests skip where their extra is not installed (and fail so under VITMASK_CI=1).
 """
 
 import csv
@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import vitmask
-from tests.conftest import write_config
+from tests.conftest import extra, write_config
 from vitmask.config import config_from_dict, dump_config
 from vitmask.errors import UserError
 from vitmask.train import loggers
@@ -204,7 +204,7 @@ def wandb_value(item):
 
 
 def test_wandb_offline_records_the_config_every_scalar_by_step_and_the_checkpoints(tmp_path, monkeypatch):
-    pytest.importorskip("wandb")
+    extra("wandb")
     for k, v in {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true"}.items():
         monkeypatch.setenv(k, v)
     monkeypatch.setenv("WANDB_PROJECT", "vitmask-test")
@@ -241,7 +241,7 @@ def test_wandb_offline_records_the_config_every_scalar_by_step_and_the_checkpoin
 
 # ---- MLflow, a SQLite store ------------------------------------------------------------------------------
 def test_mlflow_records_params_every_scalar_by_step_the_config_and_the_checkpoints(tmp_path, monkeypatch):
-    pytest.importorskip("mlflow")
+    extra("mlflow")
     from mlflow import MlflowClient
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
