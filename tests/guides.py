@@ -267,14 +267,19 @@ def run_page(page: Path) -> dict:
 
     document = parse(page)
     python_blocks, skipped = 0, []
-    for example in document:
-        try:
-            with short_python_training():
-                example.evaluate()
-        except SkipTest as e:
-            skipped.append((example.line, str(e)))
-            continue
-        python_blocks += isinstance(example.region.evaluator, PythonEvaluator)
+    environ = dict(os.environ)  # a page's Python may set variables (MLFLOW_TRACKING_URI): they end with it
+    try:
+        for example in document:
+            try:
+                with short_python_training():
+                    example.evaluate()
+            except SkipTest as e:
+                skipped.append((example.line, str(e)))
+                continue
+            python_blocks += isinstance(example.region.evaluator, PythonEvaluator)
+    finally:
+        os.environ.clear()
+        os.environ.update(environ)
     ns = document.namespace
     return {"commands": ns.get("_commands", []), "seconds": ns.get("_seconds", []), "python": python_blocks,
             "skipped": skipped}  # fmt: skip
