@@ -1,7 +1,8 @@
 """Write the reference pages from the code: docs/cli.md from the typer app, docs/configuration.md
-from the config dataclasses.
+from the config dataclasses, the reference section of docs/python.md from the docstrings of the
+Python API.
 
-    python scripts/gen_reference.py            # rewrite the generated part of both pages
+    python scripts/gen_reference.py            # rewrite the generated part of the three pages
     python scripts/gen_reference.py --check    # rewrite nothing; exit 1 naming each stale page, with a diff
     python scripts/gen_reference.py --docs DIR # the pages of another docs folder
 
@@ -23,6 +24,21 @@ docs/configuration.md: every key of every section (`config.SECTIONS`, and the to
 - its meaning: the docstring written under the field in config.py (an attribute docstring, read
   here with `ast`). A key without one is refused, naming it.
 
+docs/python.md (its Reference section; the rest of the page is hand-written): every public name of
+`vitmask.__all__`, in that order, then the classes the API takes and returns (MORE_CLASSES: the run
+results, the callbacks), each with
+- its signature, from `inspect.signature` (`vitmask.train`, the callable package, by the function
+  it wraps), annotations by their short names (`Config`, `torch.device`, `str | None`) and defaults
+  as their repr; a default whose repr holds a memory address is refused, naming it;
+- its docstring (`inspect.getdoc`) as paragraphs; lines indented within it are a code block, lines
+  starting with `- ` a list;
+- for a class shown by its constructor, each public method it defines (and `__call__`), with its
+  signature and docstring, a method without one refused, naming it; a method that overrides one of
+  a base class the page shows is documented there. For a result, its fields instead: name, type and
+  the docstring under the field, read with `ast` as for the config keys;
+- a public name that is no function or class (`__version__`): its type, and its line in the list of
+  `vitmask`'s own docstring.
+
 Why attribute docstrings and not `field(metadata=...)`: the meaning sits where a reader of config.py
 looks for it, under the field, in plain prose, as Sphinx and editors read it too; metadata would turn
 every `key: int = 4` into a `field(...)` call, which changes the dataclass's definition and is
@@ -38,6 +54,7 @@ import ast
 import dataclasses
 import difflib
 import enum
+import importlib
 import inspect
 import re
 import sys
@@ -51,6 +68,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 import typer  # noqa: E402
 
+import vitmask  # noqa: E402
 from vitmask import config as config_module  # noqa: E402
 from vitmask.cli import commands  # noqa: E402
 
@@ -321,6 +339,231 @@ def config_reference() -> str:
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
+# ---- docs/python.md ----------------------------------------------------------------------------------------
+
+# Classes beside vitmask.__all__ that the API takes or returns: (module, class, shown by). "fields": a
+# result the API returns, shown by its fields; "constructor": one a user makes, by its signature and methods.
+MORE_CLASSES = (
+    ("vitmask.train.result", "TrainResult", "fields"),
+    ("vitmask.train.result", "FinetuneResult", "fields"),
+    ("vitmask.train.callbacks", "Callback", "constructor"),
+    ("vitmask.train.callbacks", "EarlyStopping", "constructor"),
+)
+SIGNATURE_WIDTH = 100  # a longer signature is written one parameter a line
+ADDRESS = re.compile(r"\bat 0x[0-9a-fA-F]+")
+
+
+def type_text(tp: typing.Any) -> str:
+    """An annotation as the page writes it: builtins, typing, collections.abc and vitmask's own classes
+    by their names, others by their top-level module and name (`torch.device`, `pathlib.Path`), unions
+    with `|` and None last, a string annotation (a forward reference) as written."""
+    if isinstance(tp, str):
+        return tp
+    if tp is None or tp is type(None):
+        return "None"
+    if tp is Ellipsis:
+        return "..."
+    if tp is typing.Any:
+        return "Any"
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        arms = [type_text(a) for a in args if a is not type(None)]
+        return " | ".join(arms + (["None"] if type(None) in args else []))
+    if origin is typing.Literal:
+        return "Literal[" + ", ".join(repr(a) for a in args) + "]"
+    if origin is not None:
+        return type_text(origin) + ("[" + ", ".join(type_text(a) for a in args) + "]" if args else "")
+    if isinstance(tp, type):
+        module = tp.__module__
+        if module in ("builtins", "typing", "collections.abc") or module.split(".")[0] == "vitmask":
+            return tp.__qualname__
+        return f"{module.split('.')[0]}.{tp.__qualname__}"
+    return str(tp).replace("typing.", "")
+
+
+def default_text(value: typing.Any, where: str) -> str:
+    """A default as its repr; refused where the repr holds a memory address (it would change every run)."""
+    text = repr(value)
+    if ADDRESS.search(text):
+        raise SystemExit(
+            f"gen_reference: the default of {where} is written {text}, with a memory address; give it a repr of "
+            "its own or make it None"
+        )
+    return text
+
+
+def signature_text(name: str, func: typing.Any, drop_first: bool = False, where: str = "") -> str:
+    """`name(parameters) -> return`: from inspect.signature, with `*` and `/` where Python writes them;
+    one parameter a line where one line would be longer than SIGNATURE_WIDTH. `drop_first`: leave out
+    `self` (a method read from its class). A class is shown by its constructor, with no return. `where`:
+    the name an error gives (default `name`)."""
+    sig = inspect.signature(func)
+    params = list(sig.parameters.values())[1 if drop_first else 0 :]
+    parts: list[str] = []
+    starred = False
+    for i, p in enumerate(params):
+        if p.kind is p.KEYWORD_ONLY and not starred:
+            parts.append("*")
+        starred = starred or p.kind in (p.KEYWORD_ONLY, p.VAR_POSITIONAL)
+        text = {p.VAR_POSITIONAL: "*", p.VAR_KEYWORD: "**"}.get(p.kind, "") + p.name
+        if p.annotation is not p.empty:
+            text += ": " + type_text(p.annotation)
+        if p.default is not p.empty:
+            shown = default_text(p.default, f"{where or name}'s {p.name}")
+            text += f" = {shown}" if p.annotation is not p.empty else f"={shown}"
+        parts.append(text)
+        after = params[i + 1] if i + 1 < len(params) else None
+        if p.kind is p.POSITIONAL_ONLY and (after is None or after.kind is not p.POSITIONAL_ONLY):
+            parts.append("/")
+    no_return = sig.return_annotation is sig.empty or inspect.isclass(func)  # a class: its __init__'s None
+    returns = "" if no_return else " -> " + type_text(sig.return_annotation)
+    line = f"{name}({', '.join(parts)}){returns}"
+    if len(line) <= SIGNATURE_WIDTH or not parts:
+        return line
+    return f"{name}(\n" + "".join(f"    {part},\n" for part in parts) + f"){returns}"
+
+
+def code_block(text: str) -> list[str]:
+    return ["```text", *text.splitlines(), "```", ""]
+
+
+def doc_markdown(doc: str) -> list[str]:
+    """A docstring (cleaned as inspect.getdoc cleans it) as Markdown lines: each paragraph one line of
+    prose, a paragraph indented within the docstring a code block, lines starting with `- ` list items
+    (one an item, with the lines under it up to the next)."""
+    lines: list[str] = []
+    for paragraph in re.split(r"\n\s*\n", inspect.cleandoc(doc)):
+        if not paragraph.strip():
+            continue
+        rows = paragraph.splitlines()
+        if all(row.startswith("    ") for row in rows):
+            lines += code_block("\n".join(row[4:] for row in rows))
+            continue
+        first_item = next((i for i, row in enumerate(rows) if row.startswith("- ")), len(rows))
+        if first_item:  # prose, up to a list
+            lines += [linked(markdown_text(one_line("\n".join(rows[:first_item])))), ""]
+        if first_item < len(rows):
+            items = re.split(r"\n(?=- )", "\n".join(rows[first_item:]))
+            lines += ["- " + linked(markdown_text(one_line(item[2:]))) for item in items] + [""]
+    return lines
+
+
+def own_doc(obj: typing.Any, where: str) -> str:
+    """The docstring written on `obj` itself (not one inherited from a base class); refused where none is."""
+    doc = getattr(obj, "__doc__", None)
+    if isinstance(obj, property):
+        doc = obj.fget.__doc__
+    if not doc or not doc.strip():
+        raise SystemExit(f"gen_reference: {where} has no docstring; write what it does as its docstring")
+    return doc
+
+
+def shown_members(cls: type) -> list[tuple[str, typing.Any]]:
+    """(name, member) of the public methods, class methods, static methods and properties `cls` defines
+    itself (and `__call__`), in definition order; one overriding a base class's member is left out."""
+    out = []
+    for name, member in vars(cls).items():
+        if name.startswith("_") and name != "__call__":
+            continue
+        if not isinstance(member, (types.FunctionType, classmethod, staticmethod, property)):
+            continue
+        if any(name in vars(base) for base in cls.__mro__[1:] if base is not object):
+            continue
+        out.append((name, member))
+    return out
+
+
+def method_section(cls: type, name: str, member: typing.Any) -> list[str]:
+    where = f"{cls.__name__}.{name}"
+    lines = [f"#### `{where}`", ""]
+    if isinstance(member, property):
+        head = f"{name}: {type_text(inspect.signature(member.fget).return_annotation)}  # a property"
+    elif isinstance(member, classmethod):
+        head = "@classmethod\n" + signature_text(name, getattr(cls, name), where=where)
+    elif isinstance(member, staticmethod):
+        head = "@staticmethod\n" + signature_text(name, member.__func__, where=where)
+    else:
+        head = signature_text(name, member, drop_first=True, where=where)
+    return lines + code_block(head) + doc_markdown(own_doc(member, where))
+
+
+def field_rows(cls: type) -> list[str]:
+    """The table of a result dataclass's fields (those of a base dataclass shown on the page left out):
+    name, type, and the docstring under the field in its module."""
+    docs = attribute_docstrings(Path(inspect.getsourcefile(cls))).get(cls.__name__, {})
+    hints = typing.get_type_hints(cls)
+    inherited = {f.name for base in cls.__mro__[1:] if dataclasses.is_dataclass(base) for f in dataclasses.fields(base)}
+    rows = ["| field | type | meaning |", "|---|---|---|"]
+    for f in dataclasses.fields(cls):
+        if f.name in inherited:
+            continue
+        if f.name not in docs:
+            raise SystemExit(
+                f"gen_reference: the field {cls.__name__}.{f.name} has no docstring in {inspect.getsourcefile(cls)}; "
+                'write its meaning as a """string""" on the line under the field'
+            )
+        kind = code(type_text(hints[f.name])).replace("|", "\\|")
+        rows.append(f"| {code(f.name)} | {kind} | {linked(markdown_text(one_line(docs[f.name])))} |")
+    return rows
+
+
+def class_section(title: str, cls: type, shown_by: str) -> list[str]:
+    lines = [f"### `{title}`", ""]
+    if shown_by == "constructor":
+        lines += code_block(signature_text(cls.__name__, cls, where=title))
+    lines += doc_markdown(own_doc(cls, title))
+    if shown_by == "fields":
+        bases = [b.__name__ for b in cls.__mro__[1:] if dataclasses.is_dataclass(b)]
+        if bases:
+            lines += [f"The fields of `{bases[0]}`, then:", ""]
+        lines += [*field_rows(cls), ""]
+    for name, member in shown_members(cls):
+        lines += method_section(cls, name, member)
+    return lines
+
+
+def package_doc_line(package: types.ModuleType, name: str) -> str:
+    """The entry of `package`'s docstring list that starts with `` `package.name` ``: what a public
+    value that has no docstring of its own is."""
+    found = re.search(
+        rf"^- `{re.escape(package.__name__)}\.{re.escape(name)}`: (.*?)(?=^- |^\s*$|\Z)",
+        package.__doc__ or "",
+        re.M | re.S,
+    )
+    if not found:
+        raise SystemExit(
+            f"gen_reference: {package.__name__}.{name} is no function or class and {package.__name__}'s docstring "
+            f"has no line '- `{package.__name__}.{name}`: what it is'"
+        )
+    text = one_line(found.group(1)).rstrip(";.")
+    return text[0].upper() + text[1:] + "."
+
+
+def name_section(package: types.ModuleType, name: str) -> list[str]:
+    """The section of one public name of `package`."""
+    title = f"{package.__name__}.{name}"
+    obj = getattr(package, name)
+    if isinstance(obj, types.ModuleType):  # a callable package (vitmask.train): the function it runs
+        obj = inspect.unwrap(obj)
+    if inspect.isclass(obj):
+        return class_section(title, obj, "constructor")
+    if callable(obj):
+        signature = signature_text(name, obj, where=title)
+        return [f"### `{title}`", "", *code_block(signature), *doc_markdown(own_doc(obj, title))]
+    text = markdown_text(package_doc_line(package, name))
+    return [f"### `{title}`", "", *code_block(f"{name}: {type_text(type(obj))}"), linked(text), ""]
+
+
+def python_reference(package: types.ModuleType = vitmask, more: tuple = MORE_CLASSES) -> str:
+    """The generated part of docs/python.md: each name of `package.__all__`, then each class of `more`."""
+    lines: list[str] = []
+    for name in package.__all__:
+        lines += name_section(package, name)
+    for module, name, shown_by in more:
+        lines += class_section(f"{module}.{name}", getattr(importlib.import_module(module), name), shown_by)
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
 # ---- the pages ----------------------------------------------------------------------------------------------
 
 
@@ -333,7 +576,7 @@ def merged(page: str, generated: str, where: str) -> str:
     return f"{head}{BEGIN}\n\n{generated}\n{END}{tail}"
 
 
-PAGES = {"cli.md": cli_reference, "configuration.md": config_reference}
+PAGES = {"cli.md": cli_reference, "configuration.md": config_reference, "python.md": python_reference}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -345,7 +588,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, generate in PAGES.items():
         path = args.docs / name
         if not path.is_file():
-            pages = " and ".join(PAGES)
+            pages = word_list(list(PAGES))
             raise SystemExit(f"gen_reference: {path} is not there; pass --docs the folder that holds {pages}")
         old = path.read_text()
         new = merged(old, generate(), str(path))

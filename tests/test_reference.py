@@ -1,23 +1,31 @@
 """The reference pages are generated from the code (scripts/gen_reference.py): the committed pages are
 what it writes; a stale page fails `--check`, named, with a diff; a new verb, option or config key
-appears with no change to the script; the output depends on nothing but the code; and the claims
-the pages once got wrong are right."""
+appears with no change to the script, as does a new public name of the Python API with its signature
+and docstring; the output depends on nothing but the code; and the claims the pages once got wrong
+are right."""
 
 import dataclasses
 import enum
 import importlib.util
+import inspect
 import os
 import shutil
 import subprocess
 import sys
+import types
 import typing
+from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
+import torch
 import typer
 
+import vitmask
 from tests.conftest import ROOT
 from vitmask.cli import commands
 from vitmask.config import load_config
+from vitmask.train import run as run_module
 
 
 def load_script():
@@ -31,10 +39,10 @@ gen = load_script()
 
 
 def docs_copy(tmp_path):
-    """A copy of the repository's two reference pages in tmp_path/docs."""
+    """A copy of the repository's three reference pages in tmp_path/docs."""
     docs = tmp_path / "docs"
     docs.mkdir()
-    for name in ("cli.md", "configuration.md"):
+    for name in ("cli.md", "configuration.md", "python.md"):
         shutil.copy(ROOT / "docs" / name, docs / name)
     return docs
 
@@ -193,6 +201,168 @@ def test_the_output_depends_on_nothing_but_the_code():
 
 def test_markdown_markup_in_help_is_shown_as_written():
     assert gen.markdown_text("a | b <c> G*G `x*y|z` '.\\[onnx]'") == "a \\| b &lt;c&gt; G\\*G `x*y|z` '.[onnx]'"
+
+
+# ---- docs/python.md -------------------------------------------------------------------------------------
+
+
+def generated_part(page: str) -> str:
+    """The text between a page's markers, as merged() writes it."""
+    return page.split(gen.BEGIN + "\n\n", 1)[1].split("\n" + gen.END, 1)[0]
+
+
+def section(page: str, title: str) -> str:
+    """The section of `### `title`` up to the next section of its level or above."""
+    return page.split(f"\n### `{title}`\n", 1)[1].split("\n### ", 1)[0].split("\n## ", 1)[0]
+
+
+def test_the_python_reference_in_the_page_is_what_the_docstrings_generate():
+    page = (ROOT / "docs" / "python.md").read_text()
+    assert page.index("\n## Training from Python\n") < page.index("\n## Reference\n") < page.index(gen.BEGIN)
+    assert generated_part(page) == gen.python_reference()
+    for name in vitmask.__all__:  # every public name has its section ...
+        assert f"\n### `vitmask.{name}`\n" in page, name
+    loader = section(page, "vitmask.load_classifier")  # ... with its signature's parameters and its docstring
+    for parameter in inspect.signature(vitmask.load_classifier).parameters:
+        assert f"    {parameter}: " in loader, parameter
+    assert "A fine-tuning checkpoint or a classifier's export dir as an `ImageClassifier`" in loader
+    training = section(page, "vitmask.train")  # the function the callable package runs, not the package's doc
+    assert "    *,\n    callbacks: Iterable = (),\n    device: str | torch.device = 'auto'," in training
+    assert "Train a masked-patch model; return its `TrainResult`" in training and "trainer and its step" not in training
+    result = section(page, "vitmask.train.result.TrainResult")
+    fields = [f.name for f in dataclasses.fields(vitmask.train.result.TrainResult)]
+    assert [row.split(" | ")[0].strip("|` ") for row in result.splitlines() if row.startswith("| `")] == fields
+    assert "| `best_step` | `int \\| None` | The step of that validation. |" in result
+    assert "\n#### `ImageProcessor.with_fit`\n" in page and "\n#### `ImageProcessor.__call__`\n" in page
+    assert " at 0x" not in page
+
+
+def test_a_docstring_change_fails_the_check_naming_python_md(tmp_path, capsys, monkeypatch):
+    docs = docs_copy(tmp_path)
+    gen.main(["--docs", str(docs)])  # the copy as the code generates it now
+    capsys.readouterr()
+    page = docs / "python.md"
+    before = {p.name: p.read_bytes() for p in docs.iterdir()}
+    monkeypatch.setattr(run_module.train, "__doc__", "Train, as a changed docstring says.\n\n    A second paragraph.")
+    assert gen.main(["--check", "--docs", str(docs)]) == 1
+    out = capsys.readouterr().out
+    assert f"{page} is stale" in out
+    assert f"{docs / 'cli.md'} is stale" not in out and f"{docs / 'configuration.md'} is stale" not in out
+    assert "+Train, as a changed docstring says." in out and "-Train a masked-patch model;" in out
+    assert out.splitlines()[-1].startswith("gen_reference: python.md differ from the code")
+    assert {p.name: p.read_bytes() for p in docs.iterdir()} == before  # --check writes nothing
+    assert gen.main(["--docs", str(docs)]) == 0
+    text = page.read_text()
+    assert "Train, as a changed docstring says.\n\nA second paragraph.\n" in section(text, "vitmask.train")
+    assert text.split(gen.BEGIN)[0] == before["python.md"].decode().split(gen.BEGIN)[0]  # the prose kept
+    assert gen.main(["--check", "--docs", str(docs)]) == 0
+
+
+class Made:
+    """A class of a made-up package.
+
+    Its second paragraph, with a list:
+    - one `a|b` item,
+      on two lines;
+    - another.
+
+    An example:
+
+        made = Made(2)
+        made.scaled(3)"""
+
+    def __init__(self, size: int, *, name: str | None = None):
+        self.size, self.name = size, name
+
+    def scaled(self, factor: float = 1.0, /, unit: "Made | None" = None) -> "Made":
+        """This one scaled <by> factor."""
+        return self
+
+    @classmethod
+    def of(cls, sizes: Sequence[int]) -> list["Made"]:
+        """One Made a size."""
+        return [cls(s) for s in sizes]
+
+    def _private(self) -> None:
+        pass
+
+
+def fit(paths: Sequence[str | os.PathLike] = (), on: torch.device | str = "cpu", **kw) -> Path:
+    """Fit everything (docs/python.md#images)."""
+
+
+def made_up_package(**extra) -> types.ModuleType:
+    package = types.ModuleType("madeup", "The made-up API:\n\n- `madeup.__version__`: the version it is;\n- other.")
+    package.__all__ = ["fit", "Made", "__version__", *extra]
+    package.fit, package.Made, package.__version__ = fit, Made, "1.2.3"
+    for name, value in extra.items():
+        setattr(package, name, value)
+    return package
+
+
+def test_a_new_public_name_appears_with_its_signature_and_docstring():
+    page = gen.python_reference(made_up_package(), more=())
+    assert page == (
+        "### `madeup.fit`\n\n```text\n"
+        "fit(paths: Sequence[str | os.PathLike] = (), on: torch.device | str = 'cpu', **kw) -> "
+        "pathlib.Path\n```\n\n"
+        "Fit everything ([python.md](python.md#images)).\n\n"
+        "### `madeup.Made`\n\n```text\nMade(size: int, *, name: str | None = None)\n```\n\n"
+        "A class of a made-up package.\n\n"
+        "Its second paragraph, with a list:\n\n"
+        "- one `a|b` item, on two lines;\n- another.\n\n"
+        "An example:\n\n```text\nmade = Made(2)\nmade.scaled(3)\n```\n\n"
+        "#### `Made.scaled`\n\n```text\nscaled(factor: float = 1.0, /, unit: Made | None = None) -> Made\n```\n\n"
+        "This one scaled &lt;by&gt; factor.\n\n"
+        "#### `Made.of`\n\n```text\n@classmethod\nof(sizes: Sequence[int]) -> list[Made]\n```\n\n"
+        "One Made a size.\n\n"
+        "### `madeup.__version__`\n\n```text\n__version__: str\n```\n\nThe version it is.\n"
+    )
+
+
+def test_a_long_signature_is_one_parameter_a_line():
+    def long_one(first_argument: str = "a" * 40, second_argument: str = "b" * 40, *, third: int = 3) -> None:
+        """Long."""
+
+    assert gen.signature_text("long_one", long_one) == (
+        f"long_one(\n    first_argument: str = '{'a' * 40}',\n    second_argument: str = '{'b' * 40}',\n"
+        "    *,\n    third: int = 3,\n) -> None"
+    )
+
+
+def test_a_default_with_a_memory_address_a_method_without_a_docstring_and_an_unlisted_value_are_refused():
+    def with_object(marker=object()) -> None:
+        """Takes a marker."""
+
+    with pytest.raises(SystemExit, match=r"the default of madeup\.with_object's marker is written <object object at "):
+        gen.python_reference(made_up_package(with_object=with_object), more=())
+
+    class Undocumented(Made):
+        def extra(self) -> None:
+            pass
+
+    Undocumented.__doc__ = "A subclass."
+    with pytest.raises(SystemExit, match=r"Undocumented\.extra has no docstring"):
+        gen.python_reference(made_up_package(Undocumented=Undocumented), more=())
+    with pytest.raises(SystemExit, match=r"madeup\.LIMIT is no function or class .* '- `madeup\.LIMIT`: what it is'"):
+        gen.python_reference(made_up_package(LIMIT=4), more=())
+
+
+@dataclasses.dataclass(frozen=True)
+class MadeUpResult(MadeUpSection):
+    score: float = 0.0
+    """How well it went."""
+    seen: int = 0
+
+
+def test_a_result_is_shown_by_its_own_fields_and_a_field_without_a_docstring_is_refused():
+    with pytest.raises(SystemExit, match=r"the field MadeUpResult\.seen has no docstring"):
+        gen.class_section("madeup.MadeUpResult", MadeUpResult, "fields")
+    rows = gen.field_rows(MadeUpSection)
+    assert rows[2:] == [
+        "| `mode` | `Literal['fast', 'exact']` | How it runs: fast or exact ([training.md](training.md#resume)). |",
+        "| `limit` | `int \\| None` | At most this many; null: no limit. |",
+    ]
 
 
 # ---- claims the pages once got wrong ---------------------------------------------------------------------

@@ -303,7 +303,7 @@ class ImageProcessor:
     def __call__(
         self, images, fit: str | None = None, invert=None, threshold=None, force_preprocessing: bool = False
     ) -> ProcessedImages:
-        """Images (see the module docstring) -> ProcessedImages: pixels (B, S, S), patches, classes.
+        """Images (the kinds of docs/python.md#images) -> ProcessedImages: pixels (B, S, S), patches, classes.
         `fit` (pad, center_crop, resize, none) fits images of another size instead of the processor's fit;
         `invert` and `threshold` must agree with the processor's unless `force_preprocessing`."""
         return ProcessedImages(self.binarize(images, fit, invert, threshold, force_preprocessing), self.patch_size)

@@ -93,10 +93,10 @@ def load_pretrained(path: str | Path, device: torch.device | str = "cpu") -> Mas
     """The model of an export dir, in eval mode, on `device` (no pickle is read), with its
     preprocessing as `model.processor` (data/processor.py):
 
-    import vitmask
-    model = vitmask.load_pretrained("export/mnist")
-    patches = model.processor(images).patches  # uint8 (B, H, W) gray images -> (B, N, P) 0/1 pixels
-    logits = model(patches, mask)  # (B, N, P) pixels, (B, N) bool -> (B, N, C)
+        import vitmask
+        model = vitmask.load_pretrained("export/mnist")
+        patches = model.processor(images).patches  # uint8 (B, H, W) gray images -> (B, N, P) 0/1 pixels
+        logits = model(patches, mask)  # (B, N, P) pixels, (B, N) bool -> (B, N, C)
 
     `path` a str or os.PathLike, or the name of a model shipped with vitmask as a bare str
     (`vitmask.load_pretrained("mnist")`; a path such as `"./mnist"` or `Path("mnist")` is a path, and

@@ -47,21 +47,33 @@ MODES = ("auto", "min", "max")
 
 
 class Callback:
-    """The hooks of a run, each doing nothing; subclass and override those you need (see the module)."""
+    """The hooks of a run, each doing nothing; subclass and override those you need
+    (docs/python.md#callbacks: when each runs, how one stops the run, what an error does)."""
 
     def on_start(self, trainer: Any) -> None:
+        """Before the first step this process runs (a resumed run: the first after its checkpoint).
+        `trainer`: the `Trainer`, with `step`, `cfg`, `model` and `request_stop(reason)`."""
         pass
 
     def on_step_end(self, step: int, metrics: dict[str, float]) -> str | None:
+        """After each logging step (every `train.log_every` steps and the last), with the training
+        window's numbers as the loggers get them: `train/loss`, `train/acc`, `train/lr`, ... A
+        non-empty str returned stops the run with it as the reason."""
         return None
 
     def on_validation_end(self, step: int, metrics: dict[str, float]) -> str | None:
+        """After each validation, with its numbers as logged: `val/loss`, `val/acc`, ... (`val_ema/...`
+        with an EMA of the weights). A non-empty str returned stops the run with it as the reason."""
         return None
 
     def on_checkpoint(self, path: Path) -> str | None:
+        """After each checkpoint is written (on rank 0): `step_<step>.pt`, which `last.pt` then is, or
+        `best.pt`. A non-empty str returned stops the run with it as the reason."""
         return None
 
     def on_end(self, result: Any) -> None:
+        """Once the run has ended by itself and written its checkpoint, with the `TrainResult` (or
+        `FinetuneResult`) the call returns."""
         pass
 
     def state_dict(self) -> dict | None:
@@ -69,6 +81,7 @@ class Callback:
         return None
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore what `state_dict` returned, from a resumed run's checkpoint."""
         pass
 
 
@@ -137,6 +150,8 @@ class EarlyStopping(Callback):
         )
 
     def improves(self, value: float) -> bool:
+        """Whether `value` beats the best so far by more than `min_delta` in the direction of `mode`
+        (the first value always does; a NaN never does)."""
         if math.isnan(value):
             return False
         if self.best is None:

@@ -40,6 +40,7 @@ class FinetuneResult(TrainResult):
     test_accuracy: float = float("nan")
     """The classifier's accuracy on the test split (its EMA's with an EMA), as `vitmask eval` scores it."""
     test_images: int = 0
+    """How many test images that accuracy is over."""
     pretrained: str | None = None
     """The pretrained checkpoint or export it started from."""
     from_scratch: float | None = None
