@@ -3,7 +3,8 @@ TensorBoard event files hold (read back by TensorBoard's own EventAccumulator; p
 here, so the files are read with the csv and json modules), a resumed run drops the rows past its
 checkpoint, a missing extra is one line naming the pip command, and W&B (offline) and MLflow (a SQLite
 store) record the config, every scalar by step and the checkpoints' paths, read back through each
-tool's own record format and client. The W&B and MLflow tests skip where their extra is not installed (and fail so under VITMASK_CI=1).
+tool's own record format and client. The W&B and MLflow tests skip where their extra is not installed
+(and fail so under VITMASK_CI=1).
 """
 
 import csv
@@ -170,9 +171,9 @@ def test_the_extras_are_declared_and_pinned():
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     lines = (ROOT / "constraints.txt").read_text().lower().splitlines()
     pins = dict(line.split("==") for line in lines if "==" in line)
-    for extra, packages in (("wandb", ["wandb"]), ("mlflow", ["alembic", "mlflow-skinny", "sqlalchemy"])):
-        assert sorted(p.split(">=")[0].lower() for p in extras[extra]) == packages, extra
-        assert all(p in pins for p in packages), (extra, pins)
+    for name, packages in (("wandb", ["wandb"]), ("mlflow", ["alembic", "mlflow-skinny", "sqlalchemy"])):
+        assert sorted(p.split(">=")[0].lower() for p in extras[name]) == packages, name
+        assert all(p in pins for p in packages), (name, pins)
 
 
 # ---- W&B, offline ----------------------------------------------------------------------------------------
