@@ -14,8 +14,9 @@ $(PY):
 # Heavy dependencies: reinstalled only when pyproject.toml, constraints.txt or the extras change. The extras:
 # dev (pytest, ruff, sybil for the tested guides, httpx and playwright for the demo's tests), onnx (`vitmask
 # export --onnx`, which the README's tour runs), demo (`vitmask demo`: starlette, uvicorn), and wandb and
-# mlflow (train.loggers; their tests read back what each recorded, so CI installs them).
-EXTRAS := dev,onnx,demo,wandb,mlflow
+# mlflow (train.loggers; their tests read back what each recorded, so CI installs them), and sweep (`vitmask
+# sweep`: optuna, matplotlib).
+EXTRAS := dev,onnx,demo,wandb,mlflow,sweep
 $(DEPS): pyproject.toml constraints.txt Makefile | $(PY)
 	$(PY) -m pip install -q -c constraints.txt -e '.[$(EXTRAS)]'
 	touch $(DEPS)

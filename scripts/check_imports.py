@@ -34,6 +34,7 @@ LAYERS = [
     {"generate"},
     {"store"},
     {"train"},
+    {"sweep"},  # the hyper-parameter search: each trial a run of train/run.py
     {"inference"},
     {"demo"},  # the page and its server: opens its model with inference.open, as the verbs do
     {"cli", "__main__"},  # the command line, `vitmask demo` included (it starts demo.serve); see CLI_IMPORTERS

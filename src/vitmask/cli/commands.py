@@ -696,6 +696,83 @@ def predict(
 
 
 @app.command()
+def sweep(
+    config: list[Path] = ConfigOpt,
+    overrides: list[str] = SetOpt,
+    space: Path = typer.Option(
+        None,
+        "--space",
+        help="The search space: a YAML file mapping config keys to distributions, e.g. "
+        "train.lr: {type: float, low: 1.0e-4, high: 1.0e-2, log: true} (docs/sweeps.md).",
+    ),
+    trials: int = typer.Option(
+        None,
+        "--trials",
+        help="Finished trials (complete or pruned) the study is to have in all, whichever workers ran them: a "
+        "rerun runs only what is missing.",
+    ),
+    storage: str = typer.Option(
+        ..., "--storage", help="The study's database: sqlite:///runs/sweep.db, or postgresql://user:pass@host/db."
+    ),
+    study: str = typer.Option(..., "--study", help="The study's name in the storage: a new one, or one to go on with."),
+    out: Path = typer.Option(
+        None,
+        "--out",
+        help="Where the trials' run dirs go (<out>/trial-0003), and --report's sweep.png and best.yaml; "
+        "default runs/<study>.",
+    ),
+    metric: str = typer.Option(
+        None,
+        "--metric",
+        help="The validation metric optimised, as logged: val/loss (default), val/acc, val_ema/loss...",
+    ),
+    direction: str = typer.Option(
+        None, "--direction", help="minimize | maximize; default: maximize for an accuracy, minimize otherwise."
+    ),
+    pruner: str = typer.Option(
+        "median",
+        "--pruner",
+        help="median | halving | none: what stops a trial at a validation (Optuna's MedianPruner, "
+        "SuccessiveHalvingPruner, NopPruner).",
+    ),
+    device: str = DeviceOpt,
+    heartbeat: int = typer.Option(
+        60,
+        "--heartbeat",
+        help="Seconds between a running trial's heartbeats: a trial unheard of for twice this is failed and run "
+        "again by another worker.",
+    ),
+    report: bool = typer.Option(
+        False, "--report", help="Run nothing: print the best trials, write sweep.png and best.yaml in --out."
+    ),
+    top: int = typer.Option(10, "--top", help="--report: the finished trials shown, best first."),
+) -> None:
+    """Search config keys with Optuna: trials of a study kept in a database, each a normal run in
+    <out>/trial-NNNN, each validation reported and the run stopped cleanly when the pruner prunes it.
+    Several workers (processes, machines) share one study; a rerun after a kill goes on where it
+    stopped. With --report: the best trials as a table, the history and parameter importances as a
+    PNG, and the best trial's config as best.yaml. Needs the sweep extra (optuna, matplotlib)."""
+    from vitmask.cli.sweep import sweep as sweep_verb
+
+    sweep_verb(
+        config=configs(config),
+        sets=overrides,
+        space=space,
+        trials=trials,
+        storage=storage,
+        study=study,
+        out=out,
+        metric=metric,
+        direction=direction,
+        pruner=pruner,
+        device=device,
+        heartbeat=heartbeat,
+        report=report,
+        top=top,
+    )
+
+
+@app.command()
 def pack(
     config: list[Path] = ConfigOpt,
     overrides: list[str] = SetOpt,
