@@ -214,9 +214,10 @@ def parse(command: Command, previous: list[str] | None) -> tuple[list[str], dict
 def check_config_keys(options: dict) -> None:
     """Load the command's config with its --sets: an unknown or renamed key is refused."""
     config = options.get("config")
+    files = list(config) if isinstance(config, (list, tuple)) else [config] if config else []  # --config repeats
     sets = options.get("set") or options.get("overrides") or []
-    if config and sets and not str(config).endswith(".pt"):
-        load_config(ROOT / config, list(sets))
+    if files and sets and not any(str(f).endswith(".pt") for f in files):
+        load_config([ROOT / f for f in files], list(sets))
 
 
 def all_commands() -> list[Command]:
