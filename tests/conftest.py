@@ -12,6 +12,11 @@ import yaml
 
 pytest_plugins = ["tests.suite_budget"]  # --suite-budget SECONDS: make test fails a suite that grew slow
 
+if os.environ.get("PYTEST_XDIST_WORKER"):  # under pytest-xdist (make test: two workers on two cores)
+    # one intra-op thread per worker, set before torch is imported: two workers of two threads each
+    # on two cores wait on each other's spinning threads (a probe test ran 50 s instead of 3)
+    os.environ["OMP_NUM_THREADS"] = "1"
+
 ROOT = Path(__file__).resolve().parents[1]
 MNIST_DIR = ROOT.parent / "shared" / "data" / "mnist"
 

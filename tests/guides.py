@@ -23,8 +23,9 @@ The five substitutions, and the only ones
    download, and run as written on less data.
 2. Training length: `vitmask train` and `vitmask finetune` get SHORT appended, a few steps of a
    small batch without compilation. Appended last, these keys win over the page's own `--set`s of the same key.
-3. Likelihood length: `vitmask eval ... --nll` gets EXACT_NLL appended, the exact NLLs on 2 images (each
-   costs K x N forward passes an image; the page's command runs them on its default 100).
+3. Likelihood length: `vitmask eval ... --nll` gets EXACT_NLL appended, the exact NLLs on 1 image in 2
+   orders, the raster one and its mixture with one more (each costs K x N forward passes an image; the
+   page's command runs 8 orders on its default 100 images).
 4. Sampling length: `vitmask sample` gets SAMPLE_ROUNDS appended, 16 rounds of decoding (the page's
    commands decode one patch a round: 196 rounds of the whole model for MNIST).
 5. Training from Python: `vitmask.train(...)` and `vitmask.finetune(...)` called in a python block get
@@ -67,7 +68,7 @@ SHORT = (
     "train.compile=false",
 )
 SHORTENED_VERBS = ("train", "finetune")
-EXACT_NLL = ("--nll-exact-images", "2")  # appended to `vitmask eval ... --nll`
+EXACT_NLL = ("--nll-exact-images", "1", "--nll-orders", "2")  # appended to `vitmask eval ... --nll`
 SAMPLE_ROUNDS = ("--steps", "16")  # appended to `vitmask sample`
 
 

@@ -137,6 +137,8 @@ def test_make_docs_images_writes_the_pictures_and_numbers(run_cli, ckpt, tmp_pat
             "4",
             "--nll-strata",
             "4",
+            "--sample-steps",
+            "8",
         ]
     )
     for name in ("reconstruct.png", "inpaint.png", "inpaint_input.png", "inpaint_filled.png", "samples.png"):

@@ -248,6 +248,10 @@ class WandbLogger(NullLogger):
         wandb = self.wandb = _import_extra("wandb")
         self.run = wandb.init(
             project=os.environ.get("WANDB_PROJECT") or "vitmask",
+            # the environment as it is now: W&B reads its variables once a process, so a second run in one
+            # process (a sweep, a notebook) would write where the first one did
+            dir=os.environ.get("WANDB_DIR") or None,
+            mode=os.environ.get("WANDB_MODE") or None,
             name=cfg.name,
             id=run_id,
             resume="allow",
