@@ -28,11 +28,15 @@ install: $(DEPS)
 train: install
 	$(VENV)/bin/vitmask train --config $(CONFIG) --resume auto $(ARGS)
 
-# The suite fails when it takes longer than SUITE_BUDGET seconds (tests/suite_budget.py: one line naming
-# the total and the slowest files, printed on every run); --durations lists the 20 slowest tests.
+# Two pytest-xdist workers, whole files each (--dist loadfile: a file's module fixtures are built once),
+# one intra-op thread each (tests/conftest.py): on 2 cores the suite takes about half its serial time
+# (docs/contributing.md). The suite fails when it takes longer than SUITE_BUDGET seconds
+# (tests/suite_budget.py: one line naming the total and the slowest files, printed on every run);
+# --durations lists the 20 slowest tests.
 SUITE_BUDGET ?= 420
+TEST_WORKERS ?= 2
 test: install
-	$(PY) -m pytest --durations=20 --suite-budget $(SUITE_BUDGET) $(ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=20 --suite-budget $(SUITE_BUDGET) $(ARGS)
 
 # the last line: pyright (on Node.js) type-checks a script of the public API; the variable skips its look-up
 # of pyright's latest version on PyPI

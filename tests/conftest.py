@@ -18,6 +18,27 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # under pytest-xdist (make test: two 
     os.environ["OMP_NUM_THREADS"] = "1"
 
 ROOT = Path(__file__).resolve().parents[1]
+
+# The files that take longest (make test's --durations), run first: pytest-xdist hands whole files to
+# its two workers in collection order (--dist loadfile), so a long file started last would leave one
+# worker running it alone at the end. Longest first, the rest in their usual order.
+SLOW_FILES_FIRST = (
+    "test_guides.py",  # every guide page run as written: about 100 s
+    "test_demo_browser.py",  # Chromium driving the demo page: about 40 s
+    "test_build_pretrained.py",
+    "test_wheel.py",
+    "test_distributed.py",
+    "test_sweep_workers.py",
+    "test_own_data_dark_on_white.py",
+    "test_compute_scaling.py",
+)
+
+
+def pytest_collection_modifyitems(session, config, items):
+    rank = {name: i for i, name in enumerate(SLOW_FILES_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file's order is kept
+
+
 MNIST_DIR = ROOT.parent / "shared" / "data" / "mnist"
 
 TINY = {

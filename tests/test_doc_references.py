@@ -4,6 +4,7 @@ docs/promises.md names is a test function of that file, and every module a promi
 every package's docstring names each of its modules."""
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -47,8 +48,9 @@ def methods(file: Path) -> set[str]:
     return {n.name for c in tree.body if isinstance(c, ast.ClassDef) for n in c.body if isinstance(n, ast.FunctionDef)}
 
 
-def functions_of_tests(file: Path) -> set[str]:
-    return {n.name for n in ast.walk(ast.parse(file.read_text())) if isinstance(n, ast.FunctionDef)}
+@functools.cache  # hundreds of references name the same few files: each is parsed once
+def functions_of_tests(file: Path) -> frozenset[str]:
+    return frozenset(n.name for n in ast.walk(ast.parse(file.read_text())) if isinstance(n, ast.FunctionDef))
 
 
 def where(path: str) -> Path | None:

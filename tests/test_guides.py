@@ -41,6 +41,9 @@ def written(page: str):
     return path
 
 
+# Over 15 s for README.md, docs/mnist.md and docs/classifier.md (about 22 s each here): each runs every
+# command of its page in order, tens of them (trainings, eval --nll, probes, fine-tunings with their
+# baselines, ONNX exports), already shortened to a few steps on a slice of MNIST (tests/guides.py).
 @pytest.mark.parametrize("page", GUIDES)
 def test_the_guide_runs_as_written(page, tmp_path, monkeypatch):
     path = written(page)
@@ -152,7 +155,8 @@ def test_training_verbs_get_short_appended_and_other_lines_are_not_vitmasks():
     assert guides.vitmask_args("python -m vitmask finetune --checkpoint x")[-len(short) :] == short
     assert guides.vitmask_args("vitmask eval --checkpoint x") == ["eval", "--checkpoint", "x"]
     assert guides.vitmask_args("vitmask eval --checkpoint x --nll") == ["eval", "--checkpoint", "x", "--nll",
-                                                                        "--nll-exact-images", "2"]  # fmt: skip
+                                                                        "--nll-exact-images", "1",
+                                                                        "--nll-orders", "2"]  # fmt: skip
     sample = guides.vitmask_args("vitmask sample --checkpoint x --steps 196")
     assert sample == ["sample", "--checkpoint", "x", "--steps", "196", "--steps", "16"]  # the last --steps wins
     assert guides.vitmask_args("vitmask eval --json | head -1") is None  # a pipe: bash runs it

@@ -133,6 +133,8 @@ def test_vitmask_in_the_venv_is_the_wheels(installed):
     assert not ours.is_relative_to(ROOT) and not torch_file.is_relative_to(installed["venv"])
 
 
+# About 16 s: a process started from outside the checkout, in the fresh venv the wheel went into, imports
+# torch and samples from a shipped model; that real, separate installation is what it checks.
 def test_the_installed_vitmask_samples_from_the_shipped_mnist_model(installed):
     res = vitmask_cli(installed, "sample", "--checkpoint", "mnist", "--out", "x.png")
     assert res.returncode == 0, res.stderr
