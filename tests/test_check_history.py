@@ -89,6 +89,16 @@ def test_dates_pass_only_in_the_result_pages_and_readme_table_rows(tmp_path):
     assert res.stdout.splitlines() == [f"README.md:3: Trained on {date}."]
 
 
+def test_dates_pass_in_the_contributing_pages_table_rows_only(tmp_path):
+    root = clean_tree(tmp_path)
+    date = "2026" + "-11-28"
+    page = root / "docs" / "contributing.md"
+    page.write_text(f"# suite\n\n| how | time |\n|---|---|\n| two workers ({date}) | 332 s |\n")
+    assert check(root).returncode == 0
+    page.write_text(f"# suite\n\nMeasured on {date}.\n")
+    assert check(root).stdout.splitlines() == [f"docs/contributing.md:3: Measured on {date}."]
+
+
 def test_the_script_does_not_flag_its_own_patterns():
     lines = [line for line in check(ROOT).stdout.splitlines() if line.startswith("scripts/check_history.py:")]
     assert lines == []
