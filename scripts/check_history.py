@@ -7,8 +7,8 @@ sense beside an earlier state of the project, and a lab notebook's phrasing: goa
 measured against, the attempts made, the work still to do, fixes of another text). Every hit is
 printed as `path:line: text`.
 
-Dates are allowed where they are data: anywhere in docs/benchmarks.md, docs/results.md and
-docs/gpu-guide.md (each measured figure carries its date) and in the table rows (lines that
+Dates are allowed where they are data: anywhere in docs/benchmarks.md, docs/results.md,
+docs/gpu-guide.md and docs/sweeps.md (each measured figure carries its date) and in the table rows (lines that
 start with `|`) of README.md and docs/contributing.md.
 
 Usage: python scripts/check_history.py [ROOT]   (ROOT: the repository, by default this script's).
@@ -58,7 +58,7 @@ PATTERNS = [
     ("date", re.compile(r"\b(?:19|20)\d\d-[01]\d-[0-3]\d\b")),
 ]
 
-DATE_FILES = {"docs/benchmarks.md", "docs/results.md", "docs/gpu-guide.md"}
+DATE_FILES = {"docs/benchmarks.md", "docs/results.md", "docs/gpu-guide.md", "docs/sweeps.md"}
 
 
 def files_to_scan(root: Path) -> list[Path]:
