@@ -105,18 +105,15 @@ def tiny_config(tmp_path: Path) -> Path:
     return write_config(tmp_path / "tiny.yaml")
 
 
-def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
-    """Run `vitmask ARGS` in this process and capture its output: what `run_cli_process` returns, without
-    a process's start-up (an import of torch, about 1.8 CPU-seconds a call). The command runs with one
-    intra-op thread, in `cwd` (the repository by default), with `env` added to os.environ, stdout and
-    stderr captured; all of it is restored afterwards. Use `run_cli_process` where a real process is
-    the point: signals, exit codes set by the interpreter, start-up, streams closed or full."""
+def run_in_process(call, cwd: Path | None = None, env: dict | None = None) -> tuple[int, str, str]:
+    """Run `call()` as a command-line program would run: in `cwd` (the repository by default), with
+    `env` added to os.environ, one intra-op thread, stdout and stderr captured, SystemExit read as its
+    exit code. The environment, sys.argv, sys.path, the working directory and torch's thread count are
+    restored afterwards. Returns (exit code, stdout, stderr)."""
     import torch
 
-    from vitmask.cli import commands
-
     out, err = io.TextIOWrapper(io.BytesIO(), encoding="utf-8"), io.TextIOWrapper(io.BytesIO(), encoding="utf-8")
-    saved_env = {k: os.environ.get(k) for k in (env or {})}
+    saved_environ, saved_argv, saved_path = dict(os.environ), list(sys.argv), list(sys.path)
     saved_cwd, threads = os.getcwd(), torch.get_num_threads()
     code = 0
     try:
@@ -125,22 +122,45 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None) -> sub
         torch.set_num_threads(1)
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
-                commands.main([str(a) for a in args])
+                call()
             except SystemExit as e:
                 code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     finally:
         torch.set_num_threads(threads)
         os.chdir(saved_cwd)
-        for k, v in saved_env.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        os.environ.clear()
+        os.environ.update(saved_environ)
+        sys.argv[:], sys.path[:] = saved_argv, saved_path
     texts = []
     for stream in (out, err):
         stream.flush()
         texts.append(stream.buffer.getvalue().decode("utf-8", errors="backslashreplace"))
-    return subprocess.CompletedProcess(["vitmask", *map(str, args)], code, *texts)
+    return code, *texts
+
+
+def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run `vitmask ARGS` in this process and capture its output (run_in_process): what `run_cli_process`
+    returns, without a process's start-up (an import of torch, about 1.8 CPU-seconds a call). Use
+    `run_cli_process` where a real process is the point: signals, exit codes set by the interpreter,
+    start-up, streams closed or full."""
+    from vitmask.cli import commands
+
+    code, out, err = run_in_process(lambda: commands.main([str(a) for a in args]), cwd, env)
+    return subprocess.CompletedProcess(["vitmask", *map(str, args)], code, out, err)
+
+
+def run_script(script: Path, *args, cwd: Path | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run `python SCRIPT ARGS` in this process (run_in_process): the file executed as __main__, its
+    `if __name__ == "__main__"` block and exit code included, without a process's start-up. What it sets
+    in os.environ or sys.path at import is undone afterwards; the modules it imports stay imported."""
+    import runpy
+
+    def call():
+        sys.argv[:] = [str(script), *map(str, args)]
+        runpy.run_path(str(script), run_name="__main__")
+
+    code, out, err = run_in_process(call, cwd, env)
+    return subprocess.CompletedProcess([sys.executable, str(script), *map(str, args)], code, out, err)
 
 
 def run_cli_process(*args: str, cwd: Path | None = None, env: dict | None = None) -> subprocess.CompletedProcess:

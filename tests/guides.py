@@ -18,9 +18,9 @@ How a page runs
 The five substitutions, and the only ones
 1. Data, by path: the working directory's `data/mnist` is what torchvision's download leaves
    (`MNIST/raw/`, each idx file plain and gzipped), holding a small slice of MNIST: TRAIN_IMAGES
-   train and TEST_IMAGES test images, cut from the MNIST test set in ../shared/data/mnist (synthetic
-   strokes where that is missing). Commands name the same paths as in a user's clone after the
-   download, and run as written on less data.
+   train and TEST_IMAGES test images (more where a page reads more: PAGE_TEST_IMAGES), cut from the
+   MNIST test set in ../shared/data/mnist (synthetic strokes where that is missing). Commands name
+   the same paths as in a user's clone after the download, and run as written on less data.
 2. Training length: `vitmask train` and `vitmask finetune` get SHORT appended, a few steps of a
    small batch without compilation. Appended last, these keys win over the page's own `--set`s of the same key.
 3. Likelihood length: `vitmask eval ... --nll` gets EXACT_NLL appended, the exact NLLs on 1 image in 2
@@ -55,7 +55,8 @@ from sybil.parsers.markdown import CodeBlockParser, PythonCodeBlockParser, SkipP
 ROOT = Path(__file__).resolve().parents[1]
 MNIST_DIR = ROOT.parent / "shared" / "data" / "mnist"
 LINKED = ("configs", "docs", "scripts")  # checkout folders a page's commands read
-TRAIN_IMAGES, TEST_IMAGES = 300, 300
+TRAIN_IMAGES, TEST_IMAGES = 150, 150
+PAGE_TEST_IMAGES = {"docs/own-data.md": 300}  # its Python writes the first 300 test digits as PNG files
 MAX_SKIPS = 4
 
 # appended to every `vitmask train` and `vitmask finetune`: a few small steps, no compilation
@@ -73,10 +74,9 @@ SAMPLE_ROUNDS = ("--steps", "16")  # appended to `vitmask sample`
 
 
 # ---- the working directory -------------------------------------------------------------------------
-def mnist_slice() -> tuple[np.ndarray, np.ndarray]:
-    """(TRAIN_IMAGES + TEST_IMAGES, 28, 28) uint8 digits and their labels: the first images of the MNIST
-    test set where it is on disk, else synthetic strokes labelled by their index mod 10."""
-    n = TRAIN_IMAGES + TEST_IMAGES
+def mnist_slice(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(n, 28, 28) uint8 digits and their labels: the first n images of the MNIST test set where it is
+    on disk, else synthetic strokes labelled by their index mod 10."""
     images_gz, labels_gz = MNIST_DIR / "t10k-images-idx3-ubyte.gz", MNIST_DIR / "t10k-labels-idx1-ubyte.gz"
     if images_gz.is_file() and labels_gz.is_file():
         with gzip.open(images_gz) as f:
@@ -103,18 +103,19 @@ def write_idx(path: Path, array: np.ndarray) -> None:
     path.with_name(path.name + ".gz").write_bytes(gzip.compress(raw, mtime=0))
 
 
-def make_workdir(path: Path) -> Path:
-    """A working directory for a page: links to LINKED, and data/mnist as torchvision leaves it."""
+def make_workdir(path: Path, test_images: int = TEST_IMAGES) -> Path:
+    """A working directory for a page: links to LINKED, and data/mnist as torchvision leaves it, with
+    `test_images` test and TRAIN_IMAGES train images."""
     path.mkdir(parents=True, exist_ok=True)
     for name in LINKED:
         (path / name).symlink_to(ROOT / name, target_is_directory=True)
     raw = path / "data" / "mnist" / "MNIST" / "raw"
     raw.mkdir(parents=True)
-    images, labels = mnist_slice()
-    write_idx(raw / "t10k-images-idx3-ubyte", images[:TEST_IMAGES])
-    write_idx(raw / "t10k-labels-idx1-ubyte", labels[:TEST_IMAGES])
-    write_idx(raw / "train-images-idx3-ubyte", images[TEST_IMAGES:])
-    write_idx(raw / "train-labels-idx1-ubyte", labels[TEST_IMAGES:])
+    images, labels = mnist_slice(test_images + TRAIN_IMAGES)
+    write_idx(raw / "t10k-images-idx3-ubyte", images[:test_images])
+    write_idx(raw / "t10k-labels-idx1-ubyte", labels[:test_images])
+    write_idx(raw / "train-images-idx3-ubyte", images[test_images:])
+    write_idx(raw / "train-labels-idx1-ubyte", labels[test_images:])
     return path
 
 

@@ -4,16 +4,15 @@ No timing is asserted: speed is measured by `make bench`, never by the test suit
 import json
 import math
 import subprocess
-import sys
 
-from tests.conftest import ROOT, assert_user_error
+from tests.conftest import ROOT, assert_user_error, run_script
 
 BENCH = ROOT / "scripts" / "benchmark.py"
 
 
 def run_bench(*args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, str(BENCH), "--device", "cpu", "--batch", "8", "--steps", "2", "--warmup", "1"]
-    return subprocess.run([*cmd, *map(str, args)], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    """`python scripts/benchmark.py ARGS` in this process (its start-up is not what these tests check)."""
+    return run_script(BENCH, "--device", "cpu", "--batch", "8", "--steps", "2", "--warmup", "1", *args)
 
 
 def test_benchmark_reports_vitmask_reference_and_variant(tiny_config, tmp_path):

@@ -8,13 +8,11 @@ work folder the build leaves (--work); the examples are read from the test split
 import json
 import os
 import stat
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-from tests.conftest import MNIST_DIR, ROOT
+from tests.conftest import MNIST_DIR, ROOT, run_script
 from vitmask.cli import verbs
 from vitmask.config import config_from_dict
 from vitmask.data.batches import load_labelled_splits
@@ -40,10 +38,9 @@ def built(tmp_path_factory):
     (out / "mnist").mkdir(parents=True)
     (out / "mnist" / "stale.txt").write_text("from an earlier build")  # replaced whole
     sets = [x for key in TINY_BUILD for x in ("--set", key)]
-    args = [sys.executable, ROOT / "scripts" / "build_pretrained.py", "--data", MNIST_DIR, "--out", out,
-            "--work", root / "work", "--quick", "--device", "cpu", "--exact-images", "3", *sets]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
-    res = subprocess.run([str(a) for a in args], capture_output=True, text=True, env=env, timeout=600)
+    args = ["--data", MNIST_DIR, "--out", out, "--work", root / "work", "--quick", "--device", "cpu",
+            "--exact-images", "3", *sets]  # fmt: skip
+    res = run_script(ROOT / "scripts" / "build_pretrained.py", *args)
     assert res.returncode == 0, res.stderr[-3000:]
     return {"out": out, "work": root / "work", "stdout": res.stdout}
 

@@ -6,6 +6,7 @@ import importlib.util
 import re
 
 import pytest
+import torch
 import typer
 
 from tests.conftest import ROOT, train_tiny
@@ -69,25 +70,44 @@ def test_the_shipped_pages_have_the_headline_markers():
         assert text.count(load_script().HEADLINE_START) == 1 and text.count(load_script().HEADLINE_END) == 1, page
 
 
-@pytest.mark.usefixtures("one_thread")
-def test_make_docs_images_on_a_checkpoint_writes_the_headline_tables_and_pictures(tmp_path):
-    """The script end to end on a tiny checkpoint with an EMA (no training, no fine-tuning): the
-    README's and results.md's text outside the generated blocks is kept, the headline names the NLL
-    bound the generated likelihood table prints, and the pictures are written."""
+@pytest.fixture(scope="module")
+def docs_built(tmp_path_factory):
+    """The script run once, end to end, on a tiny checkpoint with an EMA (no training, no fine-tuning),
+    over a README and a results.md with hand-written text around their generated blocks."""
+    import torch
+
+    tmp_path = tmp_path_factory.mktemp("docs-built")
     script = load_script()
     (tmp_path / "run").mkdir()
-    checkpoint = train_tiny(tmp_path / "run", {"train": {"ema_decay": 0.9}})
-    docs = tmp_path / "docs"
-    docs.mkdir()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        checkpoint = train_tiny(tmp_path / "run", {"train": {"ema_decay": 0.9}})
+        docs = tmp_path / "docs"
+        docs.mkdir()
+        start, end = script.HEADLINE_START, script.HEADLINE_END
+        readme = tmp_path / "README.md"
+        readme.write_text(f"# vitmask\n\nintro\n\n{start}\nSTALE\n{end}\n\nafter\n")
+        results = docs / "results.md"
+        results.write_text(
+            f"# Results\n\nhand-written\n\n{start}\nSTALE\n{end}\n\nablations\n\n{script.MARKER}\n\nSTALE\n"
+        )
+        script.main(
+            ["--checkpoint", str(checkpoint), "--skip-finetune", "--out-dir", str(docs), "--readme", str(readme),
+             "--n", "4", "--images", "16", "--ratios", "0.5", "--device", "cpu", "--samples", "4",
+             "--sample-steps", "8", "--nll-strata", "2"]
+        )  # fmt: skip
+    finally:
+        torch.set_num_threads(threads)
+    return {"root": tmp_path, "checkpoint": checkpoint, "docs": docs, "readme": readme, "results": results,
+            "script": script}  # fmt: skip
+
+
+def test_make_docs_images_on_a_checkpoint_writes_the_headline_tables_and_pictures(docs_built):
+    """The README's and results.md's text outside the generated blocks is kept, the headline names the
+    NLL bound the generated likelihood table prints, and the pictures are written."""
+    script, readme, docs = docs_built["script"], docs_built["readme"], docs_built["docs"]
     start, end = script.HEADLINE_START, script.HEADLINE_END
-    readme = tmp_path / "README.md"
-    readme.write_text(f"# vitmask\n\nintro\n\n{start}\nSTALE\n{end}\n\nafter\n")
-    results = docs / "results.md"
-    results.write_text(f"# Results\n\nhand-written\n\n{start}\nSTALE\n{end}\n\nablations\n\n{script.MARKER}\n\nSTALE\n")
-    script.main(
-        ["--checkpoint", str(checkpoint), "--skip-finetune", "--out-dir", str(docs), "--readme", str(readme),
-         "--n", "4", "--images", "16", "--samples", "4", "--sample-steps", "8", "--nll-strata", "2"]
-    )  # fmt: skip
     text = readme.read_text()
     assert text.startswith(f"# vitmask\n\nintro\n\n{start}\n") and text.endswith(f"\n{end}\n\nafter\n")
     rows = [line for line in text.splitlines() if line.startswith("| configs/")]
@@ -97,7 +117,7 @@ def test_make_docs_images_on_a_checkpoint_writes_the_headline_tables_and_picture
         "centre 16x16 box: non-empty acc, one-shot",
         "linear probe, 4x4 grid of token means",
     ]
-    page = results.read_text()
+    page = docs_built["results"].read_text()
     assert (
         page.startswith(f"# Results\n\nhand-written\n\n{start}\n") and f"{end}\n\nablations\n\n{script.MARKER}" in page
     )
@@ -106,6 +126,35 @@ def test_make_docs_images_on_a_checkpoint_writes_the_headline_tables_and_picture
     assert f"**{nll_printed}**" in rows[0]
     for picture in ("reconstruct.png", "samples.png", "inpaint.png", "inpaint_input.png", "inpaint_filled.png"):
         assert (docs / picture).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", picture
+
+
+def test_make_docs_images_writes_the_pictures_and_numbers(docs_built):
+    """The pictures open as images, the README's new headline passes the lint of the real README (dates
+    only in table rows), results.md names each evaluation once, and the example input is the
+    preprocessed image itself."""
+    from PIL import Image
+
+    from vitmask.data.batches import load_splits
+    from vitmask.data.preprocess import binarize_images, load_image_file
+    from vitmask.store.checkpoint import load_model
+
+    out, readme = docs_built["docs"], docs_built["readme"]
+    for name in ("reconstruct.png", "inpaint.png", "inpaint_input.png", "inpaint_filled.png", "samples.png"):
+        assert Image.open(out / name).size[0] > 0
+    spec = importlib.util.spec_from_file_location("check_history", ROOT / "scripts" / "check_history.py")
+    check_history = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check_history)
+    headline = readme.read_text()
+    assert "\nSTALE\n" not in headline and "| recipe | metric | value |" in headline and "Measured on " in headline
+    assert check_history.hits_in(docs_built["root"], readme) == []
+    text = (out / "results.md").read_text()
+    assert "8-neighbour table" in text and "| centre box 4,4,12,12 |" in text
+    assert text.count("| random, ratio 0.5 |") == 1
+    assert "NLL upper bound" in text and "mask ratio 0.5, block masks" in text
+    # preprocessing the example input again changes nothing
+    cfg = load_model(docs_built["checkpoint"]).config
+    again = binarize_images(load_image_file(out / "inpaint_input.png").unsqueeze(0), cfg.data)[0]
+    assert torch.equal(again, load_splits(cfg)["test"][0])
 
 
 def test_the_printed_command_names_data_and_checkpoint_as_dir_and_ckpt_not_this_machines_paths():

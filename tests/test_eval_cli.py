@@ -11,7 +11,6 @@ import torch
 from PIL import Image
 
 from tests.conftest import assert_user_error, train_tiny
-from vitmask.data.batches import load_splits
 from vitmask.data.preprocess import binarize_images, load_image_file
 from vitmask.store.checkpoint import load_model, save_checkpoint
 
@@ -103,61 +102,6 @@ def test_inpaint_bad_input(run_cli, ckpt, user_image, tmp_path):
     res = run_cli(*base, "--image", user_image, "--mask", tmp_path / "small_mask.png")
     assert_user_error(res, "mask image is 10x10 pixels but the image is 20x12")
     assert not out.exists()
-
-
-def test_make_docs_images_writes_the_pictures_and_numbers(run_cli, ckpt, tmp_path):
-    import importlib.util
-
-    from tests.conftest import ROOT
-
-    spec = importlib.util.spec_from_file_location("make_docs_images", ROOT / "scripts" / "make_docs_images.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    out = tmp_path / "docs"
-    readme = tmp_path / "README.md"
-    readme.write_text(f"# vitmask\n\n{script.HEADLINE_START}\nold\n{script.HEADLINE_END}\n")
-    script.main(
-        [
-            "--checkpoint",
-            str(ckpt),
-            "--skip-finetune",
-            "--readme",
-            str(readme),
-            "--out-dir",
-            str(out),
-            "--images",
-            "16",
-            "--n",
-            "3",
-            "--ratios",
-            "0.5",
-            "--device",
-            "cpu",
-            "--samples",
-            "4",
-            "--nll-strata",
-            "4",
-            "--sample-steps",
-            "8",
-        ]
-    )
-    for name in ("reconstruct.png", "inpaint.png", "inpaint_input.png", "inpaint_filled.png", "samples.png"):
-        assert Image.open(out / name).size[0] > 0
-    # the README's new headline passes the lint of the real README (dates only in table rows)
-    spec = importlib.util.spec_from_file_location("check_history", ROOT / "scripts" / "check_history.py")
-    check_history = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(check_history)
-    headline = readme.read_text()
-    assert "\nold\n" not in headline and "| recipe | metric | value |" in headline and "Measured on " in headline
-    assert check_history.hits_in(tmp_path, readme) == []
-    text = (out / "results.md").read_text()
-    assert "8-neighbour table" in text and "| centre box 4,4,12,12 |" in text
-    assert text.count("| random, ratio 0.5 |") == 1
-    assert "NLL upper bound" in text and "mask ratio 0.5, block masks" in text
-    # the example input is the preprocessed image itself: preprocessing it again changes nothing
-    cfg = load_model(ckpt).config
-    again = binarize_images(load_image_file(out / "inpaint_input.png").unsqueeze(0), cfg.data)[0]
-    assert torch.equal(again, load_splits(cfg)["test"][0])
 
 
 @pytest.mark.parametrize(

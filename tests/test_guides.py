@@ -47,7 +47,7 @@ def written(page: str):
 @pytest.mark.parametrize("page", GUIDES)
 def test_the_guide_runs_as_written(page, tmp_path, monkeypatch):
     path = written(page)
-    monkeypatch.chdir(guides.make_workdir(tmp_path / "work"))
+    monkeypatch.chdir(guides.make_workdir(tmp_path / "work", guides.PAGE_TEST_IMAGES.get(page, guides.TEST_IMAGES)))
     result = guides.run_page(path)
     assert result["commands"], f"{page} ran no command"
     assert len(result["skipped"]) <= guides.MAX_SKIPS, result["skipped"]
@@ -167,7 +167,7 @@ def test_a_failing_command_fails_the_page_and_a_skip_mark_skips_one_block(tmp_pa
     monkeypatch.chdir(guides.make_workdir(tmp_path / "work"))
     page = tmp_path / "page.md"
     page.write_text(
-        "Resolve a config:\n\n```bash\nvitmask config --config configs/default.yaml --set seed=3 > c.yaml\n```\n\n"
+        "Write a config:\n\n```bash\nprintf 'seed: 3\\n' > c.yaml\n```\n\n"
         '<!-- skip: next "needs a cluster" -->\n\n```bash\ntorchrun --nnodes 64 -m vitmask train\n```\n\n'
         "```bash\nvitmask config --config configs/default.yaml --set seed=4\ngrep -q 'seed: 3' c.yaml\n```\n\n"
         '```python\nimport yaml\nseed = yaml.safe_load(open("c.yaml"))["seed"]\n```\n\n'

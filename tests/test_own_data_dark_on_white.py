@@ -4,7 +4,8 @@ configs/finetune-mnist.yaml as shipped, predict on raw files from the command li
 
 The user's config is the guide's (configs/mnist.yaml with the source, `data.fit=resize` for the 56x56
 files and `data.invert=true` for the dark ink), with a small model for the test's time; training and
-fine-tuning are shortened in steps only (and run without compilation, as the guide tests run them).
+fine-tuning are shortened in steps (and the fine-tune's batch to 32 of the recipe's 64), and run without
+compilation, as the guide tests run them.
 The recipe says `fit: none` and `invert: false` for MNIST: the pack's header wins over it in one note
 line, the classifier records the pack's values, and predict makes the raw files binary as the pack did.
 The classes (a filled disc, a small filled square, a ring) are drawn so that a few dozen steps of a
@@ -99,7 +100,7 @@ def test_the_guide_on_dark_on_white_drawings_predicts_them_right(run_cli_in_proc
     assert (recipe["fit"], recipe["invert"]) == ("none", False)
     err = run(
         "finetune", "--checkpoint", "runs/my-shapes/last.pt", "--config", "configs/finetune-mnist.yaml", *packed,
-        "--run-dir", "runs/my-shapes-classifier", *steps(60),
+        "--run-dir", "runs/my-shapes-classifier", "--set", "data.batch_size=32", *steps(60),
     )  # fmt: skip
     assert (
         "vitmask: note: data.fit=resize, data.invert=true from the pack's header (data/my-shapes.packed), "

@@ -82,7 +82,7 @@ FILE_VERBS = [
 PRINT_VERBS = [
     ("eval", "mnist", ["--split", "test", "--json"]),
     ("eval", "mnist-classifier", ["--split", "test", "--json"]),
-    ("probe", "shapes", ["--split", "test", "--json"]),
+    ("probe", "shapes", ["--split", "test", "--per-class", "40", "--json"]),  # 40 of each class: the same for both
     ("count-params", "mnist", []),
 ]
 

@@ -133,15 +133,15 @@ def test_vitmask_in_the_venv_is_the_wheels(installed):
     assert not ours.is_relative_to(ROOT) and not torch_file.is_relative_to(installed["venv"])
 
 
-# About 16 s: a process started from outside the checkout, in the fresh venv the wheel went into, imports
-# torch and samples from a shipped model; that real, separate installation is what it checks.
+# A process started from outside the checkout, in the fresh venv the wheel went into, imports torch and
+# samples from a shipped model (5 images in 8 rounds: the installation is what it checks, not sampling)
 def test_the_installed_vitmask_samples_from_the_shipped_mnist_model(installed):
-    res = vitmask_cli(installed, "sample", "--checkpoint", "mnist", "--out", "x.png")
+    res = vitmask_cli(installed, "sample", "--checkpoint", "mnist", "--n", "5", "--steps", "8", "--out", "x.png")
     assert res.returncode == 0, res.stderr
     said = re.fullmatch(r"wrote x\.png: (\d+) images of (\d+)x(\d+)\n", res.stdout)
     assert said, res.stdout
     n, side = int(said.group(1)), int(said.group(2))
-    assert (n, side) == (64, 28)
+    assert (n, side) == (5, 28)
     per_row = math.ceil(math.sqrt(n))
     rows = math.ceil(n / per_row)
     with Image.open(installed["work"] / "x.png") as image:  # tiles of `side` with 2-pixel padding, drawn 3x
