@@ -1,17 +1,19 @@
 """The built-in `shapes` dataset: procedural binary images, generated with batched tensor ops.
 
 Each image holds 1 to 3 shapes, drawn from rectangles, ellipses, lines and triangles, each filled
-or outlined, at random sizes and positions; the shapes are OR-ed together. Every shape of every
-image is rasterised at once by broadcasting over a pixel grid, with no per-image Python loop.
+or outlined, at random sizes and positions; the shapes are OR-ed together. The shapes of one kind,
+across all images of a chunk, are rasterised at once by broadcasting over a pixel grid, each kind
+only for the slots that hold it, with no per-image Python loop.
 
 An image's label is the kind of its largest shape (0 rectangle, 1 ellipse, 2 line, 3 triangle):
 the shape that draws the most pixels of its own (counted before the shapes are OR-ed; ties go to
 the shape drawn first). Labels come from the same draws as the images, so asking for them changes
 nothing about the images.
 
-Shapes: n images, S shape slots per image, H = W image side.
+Shapes: n images, S shape slots per image, m drawn slots of one kind, H = W image side.
 """
 
+import functools
 import math
 
 import torch
@@ -22,12 +24,29 @@ RECT, ELLIPSE, LINE, TRIANGLE = range(4)
 KINDS = ("rectangle", "ellipse", "line", "triangle")  # label i names kind i
 
 
-def _segment_distance(px, py, ax, ay, bx, by):
-    """Distance from pixel centres (1, 1, H, W) to segments with ends (n, S, 1, 1) -> (n, S, H, W)."""
+def _segment_distance(px, py, ax, ay, bx, by, hypot=torch.hypot):
+    """Distance from pixel centres (1, H, W) to m segments with ends (m, 1, 1) -> (m, H, W).
+
+    `hypot` takes the (m, H, W) offsets from the pixels to their nearest points on the segments;
+    `_draw_chunk` passes `_hypot_in_slots`, which runs it where the pixels' bits cannot move."""
     dx, dy = bx - ax, by - ay
     t = ((px - ax) * dx + (py - ay) * dy) / (dx * dx + dy * dy).clamp_min(1e-6)
     t = t.clamp(0.0, 1.0)
-    return torch.hypot(px - (ax + t * dx), py - (ay + t * dy))
+    return hypot(px - (ax + t * dx), py - (ay + t * dy))
+
+
+def _hypot_in_slots(x: torch.Tensor, y: torch.Tensor, rows: torch.Tensor, buffers: torch.Tensor) -> torch.Tensor:
+    """torch.hypot of the (m, H, W) offsets x, y of slots `rows` (m,), run at those rows of every slot.
+
+    buffers (3, n*S, H, W): hypot's x, y and result over all n*S slots of a chunk, any values in the
+    other rows. hypot's vectorised path and its scalar one (the last elements of each thread's share of
+    a tensor) can differ in the last bit, and which elements take which depends on the tensor's
+    length. Run over every slot, each pixel takes the path it took when every slot was rasterised as
+    every kind, so the drawing stays bit for bit that of the all-kinds rasteriser. -> (m, H, W)
+    """
+    bx, by, out = buffers  # (n*S, H, W) each
+    bx[rows], by[rows] = x, y
+    return torch.hypot(bx, by, out=out)[rows]
 
 
 def _draw_chunk(n: int, size: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -44,43 +63,53 @@ def _draw_chunk(n: int, size: int, g: torch.Generator) -> tuple[torch.Tensor, to
     cx, cy = u(0, size), u(0, size)
     hw, hh = u(0.1 * size, 0.4 * size), u(0.1 * size, 0.4 * size)
     thick = u(1.0, 2.5)
-
-    coords = torch.arange(size, dtype=torch.float32) + 0.5
-    py = coords.view(1, 1, size, 1)
-    px = coords.view(1, 1, 1, size)
-    dx, dy = (px - cx).abs(), (py - cy).abs()  # (n, S, H, W)
-
-    # rectangles, axis-aligned; the outline is the rectangle minus its inset
-    rect = (dx <= hw) & (dy <= hh)
-    rect_out = rect & ~((dx <= hw - thick) & (dy <= hh - thick))
-    # ellipses with semi-axes hw, hh
-    ell = (dx / hw) ** 2 + (dy / hh) ** 2 <= 1.0
-    inner = (dx / (hw - thick).clamp_min(1e-3)) ** 2 + (dy / (hh - thick).clamp_min(1e-3)) ** 2 <= 1.0
-    ell_out = ell & ~inner
-    # lines through the shape's box, at a random angle
+    # lines through the shape's box, at a random angle: ends at the centre -+ (ex, ey)
     ang = u(0, math.pi)
-    ex, ey = hw * torch.cos(ang), hh * torch.sin(ang)
-    line = _segment_distance(px, py, cx - ex, cy - ey, cx + ex, cy + ey) <= thick / 2 + 0.25
+    ex, ey = hw * torch.cos(ang), hh * torch.sin(ang)  # (n, S, 1, 1)
     # triangles: three vertices at random angles around the centre
     angles = torch.rand(n, S, 3, generator=g) * 2 * math.pi
     radius = 0.5 * (hw + hh).squeeze(-1) * (0.6 + 0.4 * torch.rand(n, S, 3, generator=g))
     vx = (cx.squeeze(-1) + radius * torch.cos(angles)).unsqueeze(-1)  # (n, S, 3, 1)
     vy = (cy.squeeze(-1) + radius * torch.sin(angles)).unsqueeze(-1)
-    edge_sign = []
-    edge_dist = []
-    for i in range(3):
-        j = (i + 1) % 3
-        ax, ay, bx, by = vx[:, :, i : i + 1], vy[:, :, i : i + 1], vx[:, :, j : j + 1], vy[:, :, j : j + 1]
-        edge_sign.append((bx - ax) * (py - ay) - (by - ay) * (px - ax))
-        edge_dist.append(_segment_distance(px, py, ax, ay, bx, by))
-    e = torch.stack(edge_sign)  # (3, n, S, H, W)
-    tri = (e >= 0).all(0) | (e <= 0).all(0)
-    tri_out = tri & (torch.stack(edge_dist).amin(0) <= thick)
 
-    solid = torch.stack([rect, ell, line, tri])  # (4, n, S, H, W)
-    outline = torch.stack([rect_out, ell_out, line, tri_out])
-    pick = torch.where(filled, solid, outline)  # (4, n, S, H, W)
-    drawn = pick.gather(0, kind.expand(n, S, size, size).unsqueeze(0)).squeeze(0) & active  # (n, S, H, W)
+    slots = n * S
+    coords = torch.arange(size, dtype=torch.float32) + 0.5
+    py, px = coords.view(1, size, 1), coords.view(1, 1, size)
+    buffers = torch.zeros(3, slots, size, size)  # hypot's x, y and result for every slot (_hypot_in_slots)
+    drawn = torch.zeros(slots, size, size, dtype=torch.bool)  # (n*S, H, W): each slot's own pixels
+    # each kind is rasterised only for the active slots that hold it; the other rows stay empty
+    for k in range(len(KINDS)):
+        rows = ((kind == k) & active).view(slots).nonzero().view(-1)  # (m,)
+        if len(rows) == 0:
+            continue
+        x0, y0, w, h, th = (p.view(slots, 1, 1)[rows] for p in (cx, cy, hw, hh, thick))  # (m, 1, 1) each
+        dx, dy = (px - x0).abs(), (py - y0).abs()  # (m, 1, W), (m, H, 1)
+        hypot = functools.partial(_hypot_in_slots, rows=rows, buffers=buffers)
+        if k == RECT:  # axis-aligned; the outline is the rectangle minus its inset
+            solid = (dx <= w) & (dy <= h)  # (m, H, W)
+            outline = solid & ~((dx <= w - th) & (dy <= h - th))
+        elif k == ELLIPSE:  # semi-axes w, h; the outline is the ellipse minus the one th inside
+            solid = (dx / w) ** 2 + (dy / h) ** 2 <= 1.0  # (m, H, W)
+            inner = (dx / (w - th).clamp_min(1e-3)) ** 2 + (dy / (h - th).clamp_min(1e-3)) ** 2 <= 1.0
+            outline = solid & ~inner
+        elif k == LINE:  # a line is the same filled or outlined
+            lx, ly = ex.view(slots, 1, 1)[rows], ey.view(slots, 1, 1)[rows]  # (m, 1, 1)
+            solid = _segment_distance(px, py, x0 - lx, y0 - ly, x0 + lx, y0 + ly, hypot) <= th / 2 + 0.25
+            outline = solid  # (m, H, W)
+        else:  # triangles: inside on one side of all three edges; the outline within th of an edge
+            tx, ty = vx.view(slots, 3, 1)[rows], vy.view(slots, 3, 1)[rows]  # (m, 3, 1)
+            side, dist = [], []  # 3 x (m, H, W) each
+            for i in range(3):
+                j = (i + 1) % 3
+                ax, ay, bx, by = tx[:, i : i + 1], ty[:, i : i + 1], tx[:, j : j + 1], ty[:, j : j + 1]
+                side.append((bx - ax) * (py - ay) - (by - ay) * (px - ax))
+                dist.append(_segment_distance(px, py, ax, ay, bx, by, hypot))
+            solid = ((side[0] >= 0) & (side[1] >= 0) & (side[2] >= 0)) | (
+                (side[0] <= 0) & (side[1] <= 0) & (side[2] <= 0)
+            )  # (m, H, W)
+            outline = solid & (torch.minimum(torch.minimum(dist[0], dist[1]), dist[2]) <= th)
+        drawn[rows] = torch.where(filled.view(slots, 1, 1)[rows], solid, outline)  # (m, H, W)
+    drawn = drawn.view(n, S, size, size)  # inactive slots empty
     return drawn.any(1).to(torch.uint8), largest_kind(drawn, kind.view(n, S))  # (n, H, W), (n,)
 
 
