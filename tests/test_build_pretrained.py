@@ -16,6 +16,7 @@ from tests.conftest import MNIST_DIR, ROOT, run_script
 from vitmask.cli import verbs
 from vitmask.config import config_from_dict
 from vitmask.data.batches import load_labelled_splits
+from vitmask.data.binarization import foreground_share
 from vitmask.pretrained import MNIST_PATH
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -68,6 +69,15 @@ def test_the_mnist_models_record_the_tours_path_and_the_classifier_its_pretraine
         assert (data["source"], data["path"]) == ("idx", MNIST_PATH)
     meta = json.loads((built["out"] / "mnist-classifier" / "config.json").read_text())
     assert meta["task"] == "classifier" and meta["training"]["pretrained"] == "mnist"
+
+
+def test_the_classifier_records_the_foreground_share_of_its_training_images(built, monkeypatch):
+    """What predict's warning compares a batch with (docs/own-data.md): the share of 1-pixels of the
+    train split the fine-tuning read."""
+    monkeypatch.chdir(built["work"])  # where the data sits at the recorded path
+    meta = json.loads((built["out"] / "mnist-classifier" / "config.json").read_text())
+    train = load_labelled_splits(config_from_dict(meta["training"]["config"])).images["train"]
+    assert meta["training"]["foreground_share"] == foreground_share(train)
     assert json.loads((built["out"] / "mnist" / "config.json").read_text())["weights"] == "ema"
 
 

@@ -163,3 +163,25 @@ def test_predict_warns_in_one_line_on_a_folder_of_drawings_and_not_on_one_of_dig
         "predict", "--checkpoint", checkpoint, "--input", tmp_path / "drawings", "--out", tmp_path / "i.csv", "--invert"
     )
     assert_user_error(res, "--invert contradicts", "data.invert false", "--force-preprocessing")
+
+
+def test_the_shipped_classifier_records_its_share_and_warns_on_drawings_not_on_digits(run_cli_in_process, tmp_path):
+    """The shipped mnist-classifier, a new user's first classifier, records the share of its 8,000
+    training digits (counted here with numpy: MNIST's test set is 13.4% foreground), so predict warns on
+    dark-on-white drawings given to it as they are, and not on MNIST digits."""
+    recorded = vitmask.load_classifier("mnist-classifier").trained_foreground_share
+    assert recorded is not None and abs(recorded - float(share(mnist()).mean())) < 0.01
+    for name, images in (("digits", mnist()[:16]), ("drawings", outlines(16))):
+        (tmp_path / name).mkdir()
+        for i, image in enumerate(images):
+            Image.fromarray(image).save(tmp_path / name / f"{i:02d}.png")
+    res = run_cli_in_process(
+        "predict", "--checkpoint", "mnist-classifier", "--input", tmp_path / "digits", "--out", tmp_path / "d.csv"
+    )
+    assert res.returncode == 0 and res.stderr == "", res.stderr
+    res = run_cli_in_process(
+        "predict", "--checkpoint", "mnist-classifier", "--input", tmp_path / "drawings", "--out", tmp_path / "w.csv"
+    )
+    assert res.returncode == 0, res.stderr
+    (line,) = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert line.startswith("vitmask: warning: the 16 images are") and "where its training images were 13%" in line
