@@ -69,15 +69,17 @@ training = _ImportedOnFirstUse("vitmask.train.run")  # what `vitmask.train` and 
 
 
 def _library_first(callback):
-    """`callback` (a command) importing the library first: `vitmask.cli.verbs`, and with it torch,
-    torchvision and torch's compiler. An import that fails for want of a temporary directory is then
-    one line (`CannotStart`), whichever module the command would import first. Parsing and `--help`
-    run no command, so they never import torch."""
+    """`callback` (a command) importing the library first: `vitmask.cli.verbs`, and with it torch, then
+    torch's compiler (its import looks for a writable temporary directory for its caches; training
+    compiles, and sizing a model on the meta device imports it too). An import that fails for want of
+    a temporary directory is then one line (`CannotStart`), whichever module the command would import
+    first. Parsing and `--help` run no command, so they never import torch."""
 
     @functools.wraps(callback)
     def run(*args, **kwargs):
         try:
             importlib.import_module("vitmask.cli.verbs")
+            importlib.import_module("torch._dynamo")
         except OSError as e:
             raise CannotStart(
                 f"{reason(e)} while importing torch (it needs a writable temporary directory); free disk space, "

@@ -16,18 +16,18 @@ Shapes: B images, H = W side, N patches, P pixels per patch, C token classes.
 from pathlib import Path
 
 import torch
-from torchvision.utils import make_grid, save_image
 
 from vitmask.config import Config
 from vitmask.data.batches import SPLITS, eval_batches
 from vitmask.data.binarization import warn_if_inverted
+from vitmask.data.grid import save_png, tile
 from vitmask.data.patches import class_counts, patch_label, patch_mask_to_pixels
 from vitmask.errors import UserError, warn
 from vitmask.outputs import Replaces, write_atomically
 from vitmask.sizes import num_masked
 
 MASK_TINT = torch.tensor([0.2, 0.45, 1.0])  # masked patches: the pixel's gray level blended with this
-PAD = 2  # pixels between grid cells (make_grid's padding)
+PAD = 2  # pixels between grid cells (grid.tile's padding)
 NEARLY_BLANK = 0.01  # an image with some pixels on but fewer than this share of them is nearly blank
 BLANK_WARN_SHARE = 0.1  # more than this share of blank or nearly blank images: a warning
 
@@ -135,7 +135,7 @@ def preview_grid(images: torch.Tensor, cfg: Config, seed: int, per_row: int = 8,
         rows += [gray[start : start + per_row], masked[start : start + per_row]]
     cells = torch.cat(rows)  # (2B, 3, H, W), row by row
     cells = cells.repeat_interleave(scale, dim=2).repeat_interleave(scale, dim=3)  # (2B, 3, sH, sW)
-    return make_grid(cells, nrow=per_row, padding=PAD, pad_value=0.5)
+    return tile(cells, nrow=per_row, padding=PAD, pad_value=0.5)
 
 
 def write_preview(
@@ -153,7 +153,7 @@ def write_preview(
         warn(f"--count {count} is more than the {len(train)} training images; showing all {len(train)}")
     pick = torch.randperm(len(train), generator=torch.Generator().manual_seed(seed))[:count]
     grid = preview_grid(train[pick], cfg, seed, per_row=min(8, count))
-    write_atomically(out, lambda f: save_image(grid, f), "--out", replaces=replaces)
+    write_atomically(out, lambda f: save_png(grid, f), "--out", replaces=replaces)
     stats = dataset_stats(splits, cfg)
     warn_if_blank(stats, cfg)
     warn_if_inverted(stats["foreground"]["train"], cfg.data, "the training images", cfg.data.source == "packed")

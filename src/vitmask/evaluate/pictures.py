@@ -9,8 +9,8 @@ Shapes: B images, H = W side, N patches, P pixels per patch.
 """
 
 import torch
-from torchvision.utils import make_grid, save_image
 
+from vitmask.data.grid import save_png, tile
 from vitmask.data.patches import classes_to_patches, patch_mask_to_pixels, patchify, unpatchify
 
 RED = torch.tensor([1.0, 0.1, 0.1])
@@ -48,20 +48,20 @@ def reconstruction_grid(
         err = torch.where(missing, RED.view(1, 3, 1, 1), err)
         err = torch.where(spurious, ORANGE.view(1, 3, 1, 1), err).clamp(0, 1)
         rows += [rgb(filled), err]
-    return make_grid(torch.cat(rows), nrow=len(images), padding=2, pad_value=0.3)
+    return tile(torch.cat(rows), nrow=len(images), padding=2, pad_value=0.3)
 
 
 def save_binary_image(image: torch.Tensor, path, scale: int = 1) -> None:
     """(H, W) 0/1 image -> a black-and-white PNG, each pixel drawn as a scale x scale block."""
     big = image.detach().cpu().float().repeat_interleave(scale, 0).repeat_interleave(scale, 1)  # (sH, sW)
-    save_image(big.unsqueeze(0), path)
+    save_png(big, path)
 
 
 def save_grid(grid: torch.Tensor, path, scale: int = 1) -> None:
     """Write a grid as PNG, each pixel drawn as a scale x scale block."""
     if scale > 1:
         grid = grid.repeat_interleave(scale, 1).repeat_interleave(scale, 2)  # (3, sH', sW')
-    save_image(grid, path)
+    save_png(grid, path)
 
 
 def image_grid(images: torch.Tensor, nrow: int, hole: torch.Tensor | None = None, patch_size: int = 1) -> torch.Tensor:
@@ -72,4 +72,4 @@ def image_grid(images: torch.Tensor, nrow: int, hole: torch.Tensor | None = None
     x = images.detach().cpu().float()  # (B, H, W)
     if hole is not None:
         x = torch.where(patch_mask_to_pixels(hole.detach().cpu(), patch_size), 0.5, x)  # (B, H, W)
-    return make_grid(x.unsqueeze(1).expand(-1, 3, -1, -1), nrow=nrow, padding=2, pad_value=0.3)
+    return tile(x.unsqueeze(1), nrow=nrow, padding=2, pad_value=0.3)

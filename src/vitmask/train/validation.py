@@ -65,7 +65,7 @@ class Validator:
     @torch.no_grad()
     def reconstruction(self, model: torch.nn.Module) -> torch.Tensor:
         """(3, H', W') grid of the fixed val images: original, masked, predicted, errors."""
-        from vitmask.evaluate.pictures import reconstruction_grid  # imports torchvision: only when a grid is drawn
+        from vitmask.evaluate.pictures import reconstruction_grid
 
         b = self.grid_batch
         was_training = model.training
@@ -74,7 +74,7 @@ class Validator:
             pred = model(b.patches, b.mask).argmax(-1)  # (B, N)
         model.train(was_training)
         grid = reconstruction_grid(self.grid_images, b.mask, pred, self.cfg.data.patch_size)
-        check_stop()  # drawing it may have imported torchvision: a second or more on a cold start
+        check_stop()  # a stop point after the drawing
         return grid
 
     def improved(self, val: dict) -> bool:
