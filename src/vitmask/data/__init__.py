@@ -4,6 +4,6 @@ splits, batches and the sampler (batches.py), a step's images gathered ahead (pr
 packed format and `vitmask pack` (packed.py, pack.py), the dataset preview (preview.py), picture
 grids and their PNG files (grid.py), a model's preprocessing for a user's images (processor.py), a
 user's JSON file read with limits (jsonfile.py), a bounded subset of each class (per_class.py), the
-classes' names (class_names.py), and how images were made binary: the record a pack or a model keeps, which runs follow, and the foreground-share
-checks (binarization.py).
+classes' names (class_names.py), and how images were made binary: the record a pack or a model
+keeps, which runs follow, and the foreground-share checks (binarization.py).
 """
