@@ -1,6 +1,6 @@
 """The test suite's own time budget: `--suite-budget SECONDS` fails a run whose wall time passes it.
 
-`make test` passes `--suite-budget 420` (docs/contributing.md: the suite takes about half that on
+`make test` passes `--suite-budget 420` (docs/contributing.md: the suite takes about 260 s on
 a quiet 2-core machine). When the whole run, from collection to the last report, takes longer, the
 run fails after its summary with one line that names the total and the slowest test files, so a
 suite that grows slow is a red CI run and not a slow drift. The line is printed either way, so CI
