@@ -14,7 +14,7 @@ in docs/own-data.md comes from this table.
 
     python scripts/steps_for_images.py --data ../shared/data/mnist --images 500 2000 --steps 4000
 
-Each run is a full training (about 4.5 minutes per 4,000 steps on 2 CPU cores); nothing else
+Each run is a full training (about 5 minutes per 4,000 steps on 2 CPU cores, compiled); nothing else
 should run beside it. Runs go under --work (default runs/steps-for-images).
 """
 

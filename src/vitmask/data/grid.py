@@ -18,7 +18,8 @@ import torch.nn.functional as F
 
 def tile(images: torch.Tensor, nrow: int, padding: int, pad_value: float) -> torch.Tensor:
     """images (B, C, H, W) in [0, 1], C 1 (drawn grey) or 3 -> (3, H', W'): `nrow` images a row,
-    H' = rows * (H + padding) + padding, W' = min(nrow, B) * (W + padding) + padding."""
+    H' = rows * (H + padding) + padding, W' = min(nrow, B) * (W + padding) + padding; one image (B = 1)
+    comes back as it is, (3, H, W), without padding."""
     if images.size(1) == 1:
         images = images.expand(-1, 3, -1, -1)  # (B, 3, H, W)
     b, c, h, w = images.shape

@@ -179,20 +179,14 @@ class Objective:
         trial.set_user_attr("stop_reason", result.stop_reason)
         if reporter.missing is not None:
             trial.set_user_attr("error", f"no {self.metric} in its validations")
-            raise MetricMissing(
-                f"--metric {self.metric} is not among the validation metrics of trial {number}'s run "
-                f"({', '.join(reporter.missing)}); pass one of them"
-            )
+            raise self._missing(number, reporter.missing)
         if reporter.pruned is not None:
             step, value = reporter.pruned
             self.say(f"trial {number} pruned at step {step}: {self.metric} {value:.6g}")
             raise optuna.TrialPruned(f"pruned at step {step}")
         value = result.final_metrics.get(self.metric)
         if value is None:
-            raise MetricMissing(
-                f"--metric {self.metric} is not among the validation metrics of trial {number}'s run "
-                f"({', '.join(result.final_metrics)}); pass one of them"
-            )
+            raise self._missing(number, result.final_metrics)
         if not math.isfinite(value):
             raise self._failed(trial, f"{self.metric} is {value} at step {result.step}")
         self.say(f"trial {number} complete at step {result.step}: {self.metric} {value:.6g}")
@@ -209,6 +203,13 @@ class Objective:
             trial.set_user_attr("surplus", True)
             trial.set_user_attr("error", f"the study had its {self.trials} trials when it started")
             raise Surplus(f"trial {trial.number} is one too many: the study has its {self.trials} trials")
+
+    def _missing(self, number: int, logged) -> MetricMissing:
+        """The sweep's metric is none of `logged`, the names trial `number`'s validations logged."""
+        return MetricMissing(
+            f"--metric {self.metric} is not among the validation metrics of trial {number}'s run "
+            f"({', '.join(logged)}); pass one of them"
+        )
 
     def _failed(self, trial: "optuna.Trial", why: str) -> TrialFailed:
         line = " ".join(why.split())
