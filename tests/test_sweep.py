@@ -8,6 +8,7 @@ The processes' tests (a kill, two workers) are in test_sweep_workers.py.
 """
 
 import csv
+import os
 import sys
 from pathlib import Path
 
@@ -21,7 +22,8 @@ import vitmask.sweep.study as study_module
 from tests.conftest import assert_user_error, write_config
 from vitmask.config import load_config
 from vitmask.errors import UserError
-from vitmask.sweep.objective import TrialReporter
+from vitmask.sweep.objective import Objective, Surplus, TrialReporter
+from vitmask.sweep.space import load_space
 from vitmask.sweep.study import run_sweep
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -190,6 +192,27 @@ def test_the_reporter_reports_each_validation_once_and_stops_where_the_metric_is
     assert trial.reports == [(5, 0.25)]
     stop = reporter.on_validation_end(10, {"val/loss": 1.0})
     assert "val/acc is not among" in stop and reporter.missing == ["val/loss"] and trial.reports == [(5, 0.25)]
+
+
+def test_a_trial_started_when_the_study_has_its_trials_gives_way_and_names_its_process(tmp_path):
+    """Two workers asked for a trial at once: with trials 0 and 1 running (another worker's, made here
+    with `ask`) and 2 trials wanted, trial 2 fails as surplus before it trains, its process recorded."""
+    cfg, space = files(tmp_path)
+    study = optuna.create_study(storage=url(tmp_path), study_name="s")
+    held = [study.ask(), study.ask()]
+    objective = Objective(
+        study_name="s", trials=2, config=cfg, sets=[], space=load_space(space), metric="val/loss", pruner="none",
+        out=tmp_path / "out", device="cpu", say=lambda s: None,
+    )  # fmt: skip
+    third = study.ask()
+    with pytest.raises(Surplus, match="trial 2 is one too many: the study has its 2 trials"):
+        objective(third)
+    assert objective.surplus and [t.number for t in held] == [0, 1]
+    stored_third = stored(tmp_path, "s")[2]
+    assert stored_third.user_attrs["surplus"] is True
+    assert stored_third.user_attrs["worker"]["pid"] == os.getpid()
+    assert stored_third.user_attrs["worker"]["trial"] == 2
+    assert not (tmp_path / "out").exists()  # nothing trained
 
 
 # ---- bad input: one line, exit 2 --------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """vitmask sweep in processes of its own (docs/sweeps.md#resuming-and-sharing): a sweep killed with
-SIGKILL in the middle of a trial goes on when the same command runs again, and two workers on one
-SQLite study share its trials.
+SIGKILL in the middle of a trial (held at its first checkpoint, so the kill lands there every time)
+goes on when the same command runs again, and two workers on one SQLite study share its trials.
 
 Expectations come from the study as Optuna itself loads it from the SQLite file and from the run
 dirs on disk (each finished trial's last.pt, read with torch.load, at train.max_steps)."""
@@ -39,10 +39,33 @@ def command(tmp_path: Path, trials: int, steps: int) -> list[str]:
     ]  # fmt: skip
 
 
-def start(args: list[str], log: Path) -> subprocess.Popen:
+# `vitmask ARGS` with trial 0's run held at its first checkpoint: a callback added to each trial's
+# callbacks touches the file named in argv[1] there and sleeps, so the trial is surely mid-run when killed.
+HOLD_TRIAL_0 = """
+import sys, time
+from pathlib import Path
+import vitmask.sweep.objective as objective
+from vitmask.cli.commands import main
+from vitmask.train.callbacks import Callback
+
+class Hold(Callback):
+    def on_checkpoint(self, path):
+        if path.parent.name == "trial-0000":
+            Path(sys.argv[1]).touch()
+            time.sleep(600)
+
+real_train = objective.train
+objective.train = lambda *a, callbacks=(), **k: real_train(*a, callbacks=[*callbacks, Hold()], **k)
+main(sys.argv[2:])
+"""
+
+
+def start(args: list[str], log: Path, held: Path | None = None) -> subprocess.Popen:
+    """`vitmask ARGS` in a process of its own; with `held`, trial 0 held (HOLD_TRIAL_0) once `held` exists."""
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
+    head = ["-m", "vitmask"] if held is None else ["-c", HOLD_TRIAL_0, str(held)]
     with open(log, "w") as f:
-        return subprocess.Popen([sys.executable, "-m", "vitmask", *args], cwd=ROOT, env=env, stdout=f, stderr=f)
+        return subprocess.Popen([sys.executable, *head, *args], cwd=ROOT, env=env, stdout=f, stderr=f)
 
 
 def trials_of(tmp_path: Path) -> list[optuna.trial.FrozenTrial]:
@@ -72,11 +95,11 @@ def check_finished(trials, steps: int, n: int) -> None:
 
 def test_a_sweep_killed_in_a_trial_goes_on_when_run_again(tmp_path, run_cli_in_process):
     args = command(tmp_path, trials=3, steps=40)
-    proc = start(args, tmp_path / "killed.log")
-    begun = tmp_path / "out" / "trial-0000" / "config.yaml"  # written as the run starts training
+    held = tmp_path / "held"
+    proc = start(args, tmp_path / "killed.log", held)
     deadline = time.monotonic() + 120
     try:
-        while not (begun.exists() and [t for t in trials_of(tmp_path) if t.state.name == "RUNNING"]):
+        while not held.exists():
             assert proc.poll() is None, (tmp_path / "killed.log").read_text()
             assert time.monotonic() < deadline, "the first trial never started"
             time.sleep(0.02)

@@ -5,10 +5,11 @@ Trial N trains in `<out>/trial-NNNN` (`run_dir_of`) through `vitmask.train`, as 
 metrics.csv there (csv is added to the trial's `train.loggers`). Its config is the sweep's (config
 files and `--set`s), then the trial's values of the space's keys, its `name` `<study>-trial-NNNN`.
 
-The trial's user attributes in the study: `number`, `run_dir` (absolute), `worker` (the process
-that runs it: host, boot, pid, the process's start and the trial's number, which study.py reads
-to tell a killed trial), `config` (the whole config, as the run's config.yaml has it once written), and at its end
-`steps` (the step it reached) and `stop_reason`, or `error` (one line) for a trial that failed.
+The trial's user attributes in the study: `number` and `worker` (the process that runs it: host,
+boot, pid, the process's start and the trial's number, which study.py reads to tell a killed
+trial), set first, a surplus trial's too; `run_dir` (absolute), `config` (the whole config, as
+the run's config.yaml has it once written), and at its end `steps` (the step it reached) and
+`stop_reason`, or `error` (one line) for a trial that failed.
 
 `TrialReporter`, a training callback, reports each validation's metric (`trial.report(value,
 step)`) and asks the pruner (`trial.should_prune()`): a pruned trial's run stops after that step
@@ -152,11 +153,12 @@ class Objective:
     def __call__(self, trial: "optuna.Trial") -> float:
         self.current, self.failure, self.surplus = trial, None, False
         number = trial.number
+        trial.set_user_attr("number", number)
+        trial.set_user_attr("worker", this_worker(number))  # every trial names its process, a surplus one too
         self._refuse_surplus(trial)
         values = self.space.suggest(trial)
         run_dir = run_dir_of(self.out, number)
-        for key, value in {"number": number, "run_dir": str(run_dir.resolve()), "worker": this_worker(number)}.items():
-            trial.set_user_attr(key, value)
+        trial.set_user_attr("run_dir", str(run_dir.resolve()))
         for key in ("error", "steps", "stop_reason"):  # a retried trial starts with its original's attributes
             if key in trial.user_attrs:
                 trial.set_user_attr(key, None)
