@@ -11,6 +11,8 @@ import yaml
 from tests.conftest import ROOT, TINY
 
 
+# About 15 s here: three fresh processes (the script, then one per budget, each importing torch) that
+# train 15 and 60 steps and score raw and EMA weights; a process per run is what the test checks.
 def test_a_longer_budget_never_scores_worse_and_each_run_is_a_process_of_its_own(tmp_path):
     cfg = {
         **TINY,

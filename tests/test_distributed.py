@@ -46,6 +46,8 @@ def assert_finished(res: subprocess.CompletedProcess) -> None:
     assert res.returncode == 0, res.stderr
 
 
+# About 15 s here: a one-process run and two torchrun launches of two gloo processes each (five
+# interpreters importing torch); real processes and a real process group are the point.
 def test_two_gloo_processes_follow_one_process_and_resume(tmp_path):
     cfg = write_config(
         tmp_path / "c.yaml",
