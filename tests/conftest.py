@@ -207,7 +207,8 @@ class RecordingLogger:
 
 
 def run_main(capsys, *args) -> tuple[int, str, str]:
-    """`vitmask ARGS` in this process: exit code, stdout, stderr."""
+    """`vitmask ARGS` in this process on the streams the test set (capsys's, or a pipe whose reader is
+    gone), for tests of the streams themselves; exit code, stdout, stderr. Elsewhere use run_cli."""
     from vitmask.cli import commands
 
     capsys.readouterr()
@@ -218,11 +219,6 @@ def run_main(capsys, *args) -> tuple[int, str, str]:
 
 
 @pytest.fixture
-def run_cli_in_process(capsys):
-    """Run `vitmask ARGS` in this process (no torch import per call); returns what `run_cli` would."""
-
-    def run(*args) -> subprocess.CompletedProcess:
-        code, out, err = run_main(capsys, *args)
-        return subprocess.CompletedProcess(args, code, out, err)
-
-    return run
+def run_cli_in_process():
+    """`run_cli` in the test's working directory (a test may chdir to its tmp_path first)."""
+    return lambda *args: run_cli(*args, cwd=Path.cwd())
