@@ -129,7 +129,7 @@ def scores(ckpt: Path, cfg, splits, device, weights: str, nll_samples: int, nll_
     """The NLL bound on the first `nll_images` test images (0: all) and on as many train images, r=0.5
     and centre-box accuracy on the whole test split, of one set of a checkpoint's weights (raw or ema)."""
     test = evaluate_checkpoint(ckpt, "test", [0.5], str(device), centre_box=True, weights=weights)
-    model, _, _ = open_model(ckpt, str(device), 0, weights)
+    model, _, _, _ = open_model(ckpt, str(device), 0, weights)
     train = splits["train"].to(device)
     n = min(nll_images or len(splits["test"]), len(splits["test"]), len(train))
     nll = {

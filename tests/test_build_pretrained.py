@@ -71,13 +71,14 @@ def test_the_mnist_models_record_the_tours_path_and_the_classifier_its_pretraine
     assert meta["task"] == "classifier" and meta["training"]["pretrained"] == "mnist"
 
 
-def test_the_classifier_records_the_foreground_share_of_its_training_images(built, monkeypatch):
-    """What predict's warning compares a batch with (docs/own-data.md): the share of 1-pixels of the
-    train split the fine-tuning read."""
+def test_each_model_records_the_foreground_share_of_its_training_images(built, monkeypatch):
+    """What the warnings of predict, inpaint and the Python calls compare images with (docs/own-data.md,
+    docs/generation.md): the share of 1-pixels of the train split each training or fine-tuning read."""
     monkeypatch.chdir(built["work"])  # where the data sits at the recorded path
-    meta = json.loads((built["out"] / "mnist-classifier" / "config.json").read_text())
-    train = load_labelled_splits(config_from_dict(meta["training"]["config"])).images["train"]
-    assert meta["training"]["foreground_share"] == foreground_share(train)
+    for name in ("mnist", "mnist-classifier", "shapes"):
+        meta = json.loads((built["out"] / name / "config.json").read_text())
+        train = load_labelled_splits(config_from_dict(meta["training"]["config"])).images["train"]
+        assert meta["training"]["foreground_share"] == foreground_share(train), name
     assert json.loads((built["out"] / "mnist" / "config.json").read_text())["weights"] == "ema"
 
 

@@ -1043,7 +1043,7 @@ def test_the_defaults_are_the_shipped_models_through_the_verbs_loaders(monkeypat
 
     def fake_open_model(path, *args, **kwargs):
         opened.append(path)
-        return served.model, served.config, served.device
+        return served.model, served.config, served.device, None
 
     def fake_load_classifier(path, *args, **kwargs):
         opened.append(path)

@@ -2,13 +2,16 @@
 images: a classifier fine-tuned on MNIST's test-set images records the share of 1-pixels of its training
 images, and each call warns once when the images given are far from it. It must stay silent on MNIST's
 own test images (every one alone, in batches of 16, all together) and on the data it was trained on, and
-fire on dark-on-white drawings made binary without inverting them.
+fire on dark-on-white drawings made binary without inverting them. A masked-patch model `vitmask train`
+made records the share too, its export keeps it, and `vitmask inpaint` and the masked model's Python
+calls (fill, logits, features) warn the same way.
 
 The shares expected are counted here with numpy on the idx file (a pixel is foreground at gray level 128
 or more, threshold 0.5 of 255): the MNIST test set is 13.4% foreground, one image 2.4% to 32.9%.
 """
 
 import gzip
+import json
 
 import numpy as np
 import pytest
@@ -18,10 +21,13 @@ from PIL import Image, ImageDraw
 import vitmask
 from tests.conftest import MNIST_DIR, TINY, assert_user_error
 from vitmask.config import config_from_dict
-from vitmask.data.batches import load_labelled_splits
+from vitmask.data.batches import load_labelled_splits, load_splits
 from vitmask.data.binarization import FAR_ABSOLUTE, far_from
 from vitmask.data.processor import ProcessedImages
+from vitmask.store.checkpoint import save_checkpoint
+from vitmask.store.export import export
 from vitmask.train.finetune import FinetuneTrainer
+from vitmask.train.trainer import Trainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 IMAGES = MNIST_DIR / "t10k-images-idx3-ubyte.gz"
@@ -185,3 +191,106 @@ def test_the_shipped_classifier_records_its_share_and_warns_on_drawings_not_on_d
     assert res.returncode == 0, res.stderr
     (line,) = [ln for ln in res.stderr.splitlines() if ln.strip()]
     assert line.startswith("vitmask: warning: the 16 images are") and "where its training images were 13%" in line
+
+
+# ---- masked-patch models: `vitmask train` records the share, inpaint and the Python calls check it --------
+@pytest.fixture(scope="module")
+def masked(config, tmp_path_factory):
+    """A masked-patch model trained 2 steps on MNIST's test-set images (8,000 train), and its export."""
+    root = tmp_path_factory.mktemp("mnist-masked")
+    Trainer(config, load_splits(config), torch.device("cpu")).fit(root, progress=False)
+    export(root / "last.pt", root / "export")
+    return root
+
+
+def png(tmp_path, name: str, gray: np.ndarray):
+    Image.fromarray(gray).save(tmp_path / name)
+    return tmp_path / name
+
+
+def test_a_masked_patch_run_records_its_training_images_share_and_its_export_keeps_it(masked):
+    recorded = torch.load(masked / "last.pt", weights_only=False)["foreground_share"]
+    assert abs(recorded - float(share(mnist()).mean())) < 0.01  # 4,096 of its 8,000 train images
+    meta = json.loads((masked / "export" / "config.json").read_text())
+    assert meta["training"]["foreground_share"] == recorded
+    for path in (masked / "last.pt", masked / "export"):
+        assert vitmask.load_masked_model(path).trained_foreground_share == recorded
+
+
+def test_the_masked_models_python_calls_warn_once_on_drawings_and_not_on_digits(masked, capsys):
+    model = vitmask.load_masked_model(masked / "export")
+    drawings, digits = outlines(30), mnist()[:2000]
+    hidden = torch.zeros(model.num_patches, dtype=torch.bool)
+    hidden[:98] = True  # the top half
+    capsys.readouterr()
+    model.fill(digits, hidden)
+    for start in range(0, 320, 16):
+        model.logits(digits[start : start + 16], hidden)
+    model.features(digits[:16])
+    assert warnings_of(capsys) == []
+    model.fill(drawings, hidden)
+    (line,) = warnings_of(capsys)  # fill's own check, not a second one from the prediction inside it
+    expected = round(float(share(drawings).mean()) * 100)
+    assert f"the 30 images are {expected}% foreground (1-pixels) after the model's preprocessing" in line
+    assert "where its training images were 13%" in line and "invert= and threshold=" in line
+    model.logits(drawings, hidden)
+    model.features(drawings[0])
+    assert len(warnings_of(capsys)) == 2  # once a call
+    model.fill(drawings, hidden, invert=True, force_preprocessing=True)  # made binary the right way round
+    assert warnings_of(capsys) == []
+
+
+def test_inpaint_warns_in_one_line_on_a_drawing_and_not_on_a_digit(masked, run_cli_in_process, tmp_path):
+    shares = share(mnist())
+    fullest = mnist()[shares.argmax()]  # the digit of most ink: 32.9% foreground
+    box = ["--box", "0,0,14,14"]
+    for checkpoint in (masked / "last.pt", masked / "export"):
+        res = run_cli_in_process(
+            "inpaint", "--checkpoint", checkpoint, "--image", png(tmp_path, "digit.png", fullest),
+            "--out", tmp_path / "d.png", *box,
+        )  # fmt: skip
+        assert res.returncode == 0 and res.stderr == "", res.stderr
+        drawing = outlines(1)
+        res = run_cli_in_process(
+            "inpaint", "--checkpoint", checkpoint, "--image", png(tmp_path, "drawing.png", drawing[0]),
+            "--out", tmp_path / "w.png", *box,
+        )  # fmt: skip
+        assert res.returncode == 0, res.stderr
+        (line,) = [ln for ln in res.stderr.splitlines() if ln.strip()]
+        expected = round(float(share(drawing)[0]) * 100)
+        assert line.startswith(f"vitmask: warning: the 1 image is {expected}% foreground (1-pixels)"), line
+        assert "where its training images were 13%" in line and "--invert/--no-invert and --threshold" in line
+        assert (tmp_path / "w.png").is_file()
+
+
+@pytest.mark.parametrize("value", [2.0, -0.5, "much", float("nan")])
+def test_a_checkpoint_whose_share_is_not_a_share_is_one_line(masked, checkpoint, run_cli_in_process, tmp_path, value):
+    image = png(tmp_path, "digit.png", mnist()[0])
+    for source, args in (
+        (masked / "last.pt", ["inpaint", "--image", image, "--box", "0,0,8,8", "--out", tmp_path / "o.png"]),
+        (checkpoint, ["predict", "--input", image, "--out", tmp_path / "o.csv"]),
+    ):
+        state = torch.load(source, weights_only=False)
+        state["foreground_share"] = value
+        bad = tmp_path / f"bad-{source.parent.name}.pt"
+        save_checkpoint(state, bad)  # with its checksum: a record written wrong, not a file damaged on disk
+        res = run_cli_in_process(args[0], "--checkpoint", bad, *args[1:])
+        assert_user_error(res, f"checkpoint {bad} is damaged: its foreground_share is {value}, not a number in [0, 1]")
+        assert not (tmp_path / "o.png").exists() and not (tmp_path / "o.csv").exists()
+
+
+def test_the_shipped_masked_patch_models_record_their_share_and_inpaint_warns_on_a_drawing(
+    run_cli_in_process, tmp_path
+):
+    """The shipped mnist and shapes models record their training images' share (a rebuild records
+    the same: test_build_pretrained), mnist's that of its 8,000 digits (13.4% by numpy)."""
+    recorded = vitmask.load_masked_model("mnist").trained_foreground_share
+    assert recorded is not None and abs(recorded - float(share(mnist()).mean())) < 0.01
+    shapes = vitmask.load_masked_model("shapes")
+    train = load_splits(shapes.config)["train"]  # the shapes it drew for its training
+    assert abs(shapes.trained_foreground_share - float(train.double().mean())) < 0.01  # 4,096 of them
+    args = ["inpaint", "--checkpoint", "mnist", "--box", "0,0,14,14"]
+    res = run_cli_in_process(*args, "--image", png(tmp_path, "d.png", mnist()[0]), "--out", tmp_path / "d-out.png")
+    assert res.returncode == 0 and res.stderr == "", res.stderr
+    res = run_cli_in_process(*args, "--image", png(tmp_path, "w.png", outlines(1)[0]), "--out", tmp_path / "w-out.png")
+    assert res.returncode == 0 and "where its training images were 13%" in res.stderr, res.stderr

@@ -478,7 +478,8 @@ def inpaint(
     force_preprocessing: bool = ApplyForceOpt,
 ) -> None:
     """Fill part of your own image: with the model's most likely patches (--temperature 0), or with
-    patches drawn from its predictions, one or several (--samples) completions."""
+    patches drawn from its predictions, one or several (--samples) completions. One warning line when
+    the image's foreground share is far from its training images'."""
     r = verbs.inpaint(
         checkpoint,
         image,

@@ -13,7 +13,7 @@ import torch
 
 from vitmask.config import Config, check_seed, config_from_dict, load_config
 from vitmask.data.batches import SPLITS, eval_batches, load_labelled_splits, load_splits
-from vitmask.data.binarization import Asked, follow_pack, tell
+from vitmask.data.binarization import Asked, follow_pack, pixels_share, tell, warn_if_far
 from vitmask.data.masking import centre_box_mask
 from vitmask.data.packed import PackedImages, spread
 from vitmask.data.per_class import take_per_class, unpacked_splits
@@ -170,7 +170,7 @@ def evaluate_checkpoint(
         check_ratio(r)
     if strategy is not None and strategy not in EVAL_STRATEGIES:
         raise UserError(f"--strategy must be one of {', '.join(EVAL_STRATEGIES)}, got '{strategy}'")
-    model, cfg, device = open_model(path, device_name, seed, weights)
+    model, cfg, device, _ = open_model(path, device_name, seed, weights)
     data = cfg.data
     if nll:
         check_nll_args(data.num_patches, data.num_classes, nll_strata, nll_samples)
@@ -297,7 +297,7 @@ def reconstruct(
     check_grid_count(n, "--n", "images")
     check_out_file(out, inputs=(path,))
     replaces = file_id(out)  # the file given, if any: the only one the grid may replace
-    model, cfg, device = open_model(path, device_name, seed, weights)
+    model, cfg, device, _ = open_model(path, device_name, seed, weights)
     check_out_file(out, **data_inputs(cfg))
     images = load_data(cfg, device)[split][:n].to(device)
     ratio = cfg.mask.ratio if ratio is None else ratio
@@ -331,7 +331,8 @@ def inpaint(
     """Fill the patches of a user's image under the boxes and/or mask image; write the filled image,
     or with `samples` K > 1 a grid of the input (the hole grey) and K completions drawn from `seed`.
     The image is made binary as the model's training images were; `invert` and `threshold`, where
-    given, must agree with its data keys unless `force_preprocessing` (ImageProcessor.with_preprocessing)."""
+    given, must agree with its data keys unless `force_preprocessing` (ImageProcessor.with_preprocessing).
+    One warning line when the binary image's foreground share is far from the training images'."""
     if not boxes and mask_path is None:
         raise UserError("nothing to fill; pass --box x0,y0,x1,y1 (repeatable) or --mask mask.png")
     options = inpaint_options(iterative, steps, temperature, order, choice_temperature)
@@ -346,11 +347,12 @@ def inpaint(
         check_not_a_link_loop(mask_path, "--mask")
     check_out_file(out, inputs=(image, mask_path, path))
     replaces = file_id(out)  # the file given, if any: the only one the result may replace
-    model, cfg, _ = open_model(path, device_name, seed, weights, loads_data=False)
+    model, cfg, _, trained_share = open_model(path, device_name, seed, weights, loads_data=False)
     chosen = ImageProcessor.from_config(cfg).with_preprocessing(None, invert, threshold, force_preprocessing, cli=True)
     data = dataclasses.replace(cfg.data, invert=chosen.invert, threshold=chosen.threshold)
     gray = load_image_file(image)  # (h, w) uint8
     picture = binarize_images(gray.unsqueeze(0), data)  # (1, S, S) the training preprocessing
+    warn_if_far(pixels_share(picture), 1, trained_share, chosen, "--invert/--no-invert and --threshold")
     pix = boxes_to_mask([parse_box(b, data.image_size) for b in boxes], data.image_size)  # (S, S)
     if mask_path is not None:
         pix |= mask_image_to_pixels(load_image_file(mask_path), tuple(gray.shape), data)
@@ -389,7 +391,7 @@ def sample(
     options = DecodeOptions(steps, temperature, order, choice_temperature)  # checks every value
     check_out_file(out, inputs=(path,))
     replaces = file_id(out)  # the file given, if any: the only one the grid may replace
-    model, cfg, device = open_model(path, device_name, seed, weights, loads_data=False)
+    model, cfg, device, _ = open_model(path, device_name, seed, weights, loads_data=False)
     data = cfg.data
     images = sample_from_seed(
         model, n, data.image_size, data.patch_size, options, seed, device, progress=True
@@ -488,7 +490,7 @@ def probe_checkpoint(
         raise UserError(f"unknown split '{split}' for probe; use val or test (the probes are fitted on train)")
     if per_class < 0:
         raise UserError(f"--per-class must be at least 0 (0: every image), got {per_class}")
-    model, cfg, device = open_model(path, device_name, seed, weights, need_head=False)
+    model, cfg, device, _ = open_model(path, device_name, seed, weights, need_head=False)
     data = load_data(cfg, device, load_labelled_splits)
     require_labels(data, cfg)
     data = unpacked_splits(take_per_class(data, per_class, cfg), "pass --per-class K to probe K images of each class")

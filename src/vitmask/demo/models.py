@@ -61,7 +61,7 @@ def open_models(
         checkpoint, name = SHIPPED[DEFAULT_MODEL].folder, DEFAULT_MODEL
         if classifier is None:
             classifier, classifier_name = SHIPPED[DEFAULT_CLASSIFIER].folder, DEFAULT_CLASSIFIER
-    model, cfg, device = open_model(Path(checkpoint), device_name, 0, weights, loads_data=False)
+    model, cfg, device, _ = open_model(Path(checkpoint), device_name, 0, weights, loads_data=False)
     loaded = None
     if classifier is not None:
         loaded = ImageClassifier(load_classifier_model(Path(classifier), device, weights))

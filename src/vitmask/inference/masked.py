@@ -13,8 +13,10 @@ it has them, or an export dir; an encoder-only export gives features only). Imag
 docs/python.md) unless they are already `ProcessedImages` of the model's image size; `fit=` (pad,
 center_crop, resize, none) fits images of another size by that choice instead of the model's
 data.fit; `invert=` and `threshold=` must agree with the model's data.invert and data.threshold
-unless `force_preprocessing=True` (ImageProcessor.with_preprocessing). A mask is (N,) or (B, N),
-bool or integers 0/1, True = hidden. `model.model` is the MaskedPatchViT itself (`model(patches,
+unless `force_preprocessing=True` (ImageProcessor.with_preprocessing). `features`, `logits` and
+`fill` warn once per call (one line) when the images' foreground share, after that preprocessing,
+is far from the training images' (`trained_foreground_share`, binarization.warn_if_far). A mask is
+(N,) or (B, N), bool or integers 0/1, True = hidden. `model.model` is the MaskedPatchViT itself (`model(patches,
 mask)`). Every argument is checked before any work (a UserError in one line).
 
 Shapes: B images, S image side, N patches, P pixels per patch, C token classes, F features.
@@ -26,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from vitmask.data.binarization import pixels_share, warn_if_far
 from vitmask.data.processor import ImageProcessor, ProcessedImages, short
 from vitmask.errors import UserError
 from vitmask.evaluate.pictures import paste_predictions
@@ -41,10 +44,11 @@ BATCH = 256  # images per forward pass
 class MaskedModel:
     """A masked-patch model (model/vit.py) with its processor."""
 
-    def __init__(self, model, config):
+    def __init__(self, model, config, trained_foreground_share: float | None = None):
         self.model = model  # MaskedPatchViT, eval mode
         self.config = config
         self.processor = ImageProcessor.from_config(config)
+        self.trained_foreground_share = trained_foreground_share  # of its training images; None: not recorded
 
     @property
     def device(self) -> torch.device:
@@ -63,6 +67,14 @@ class MaskedModel:
     ) -> torch.Tensor:
         """Images (anything the processor takes, or ProcessedImages) -> (B, S, S) uint8 0/1 pixels."""
         return model_pixels(images, self.processor, fit, invert, threshold, force_preprocessing)
+
+    def _checked_pixels(self, images, fit, invert, threshold, force_preprocessing) -> torch.Tensor:
+        """`pixels`, with one warning line when their foreground share is far from the training images'."""
+        pixels = self.pixels(images, fit, invert, threshold, force_preprocessing)  # (B, S, S)
+        processor = self.processor.with_preprocessing(fit, invert, threshold, force_preprocessing)
+        share = pixels_share(pixels)
+        warn_if_far(share, len(pixels), self.trained_foreground_share, processor, "invert= and threshold=")
+        return pixels
 
     def features(
         self,
@@ -85,7 +97,7 @@ class MaskedModel:
         layer = layer_argument(layer)
         check_layer(layer, self.config.model.depth, python=True)
         grid = check_pool(pool, None if grid is None else int(grid), self.config, python=True)
-        pixels = self.pixels(images, fit, invert, threshold, force_preprocessing)
+        pixels = self._checked_pixels(images, fit, invert, threshold, force_preprocessing)
         return extract_features(self.model, pixels, self.processor.patch_size, layer, grid).cpu()
 
     def hidden_mask(self, mask, count: int) -> torch.Tensor:
@@ -121,7 +133,6 @@ class MaskedModel:
             raise UserError(f"the mask has shape {tuple(mask.shape)}; {want}")
         return mask
 
-    @torch.no_grad()
     def logits(
         self, images, mask, fit: str | None = None, invert=None, threshold=None, force_preprocessing: bool = False
     ) -> torch.Tensor:
@@ -129,8 +140,12 @@ class MaskedModel:
         `mask` ((N,) or (B, N) bool, True = hidden) hidden from it."""
         if self.model.head is None:
             raise UserError("this export holds the encoder only (--encoder-only): it gives features, not patches")
-        pixels = self.pixels(images, fit, invert, threshold, force_preprocessing)  # (B, S, S)
-        mask = self.hidden_mask(mask, len(pixels))  # (B, N)
+        pixels = self._checked_pixels(images, fit, invert, threshold, force_preprocessing)  # (B, S, S)
+        return self._predict(pixels, self.hidden_mask(mask, len(pixels)))
+
+    @torch.no_grad()
+    def _predict(self, pixels: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """(B, N, C) float32 on the CPU for binary images (B, S, S) with the patches of `mask` (B, N) hidden."""
         p = self.processor.patch_size
         out = []
         for chunk, hidden in zip(pixels.split(BATCH), mask.split(BATCH), strict=True):
@@ -145,9 +160,10 @@ class MaskedModel:
         model's likeliest patch (one shot), the visible ones kept."""
         if self.model.head is None:
             raise UserError("this export holds the encoder only (--encoder-only): it gives features, not patches")
-        pixels = self.pixels(images, fit, invert, threshold, force_preprocessing).cpu()
-        mask = self.hidden_mask(mask, len(pixels)).cpu()
-        classes = self.logits(ProcessedImages(pixels, self.processor.patch_size), mask).argmax(-1)  # (B, N)
+        pixels = self._checked_pixels(images, fit, invert, threshold, force_preprocessing).cpu()
+        mask = self.hidden_mask(mask, len(pixels))
+        classes = self._predict(pixels, mask).argmax(-1)  # (B, N)
+        mask = mask.cpu()
         return paste_predictions(pixels, mask, classes, self.processor.patch_size)
 
 
@@ -175,4 +191,4 @@ def load_masked_model(path: str | Path, device: torch.device | str = "cpu", weig
     check_load_arguments(path, weights, "load_masked_model")
     device = api_device(device)
     loaded = load_model(path, device, weights, need_head=False, flag="weights")
-    return MaskedModel(loaded.model, loaded.config)
+    return MaskedModel(loaded.model, loaded.config, loaded.state["foreground_share"])

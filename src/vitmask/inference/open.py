@@ -6,12 +6,22 @@ a name or path means the same to each. It sits here, below both the command line
 """
 
 from pathlib import Path
+from typing import Any, NamedTuple
 
-from vitmask.config import check_seed
+import torch
+
+from vitmask.config import Config, check_seed
 from vitmask.model.memory_estimate import check_fits
 from vitmask.pretrained import check_data
 from vitmask.runtime.process import resolve_device
 from vitmask.store.export import load_model
+
+
+class OpenedModel(NamedTuple):
+    model: Any  # MaskedPatchViT in eval mode, on `device`
+    config: Config
+    device: torch.device
+    foreground_share: float | None  # of its training images (ModelFiles.foreground_share); None: not recorded
 
 
 def open_model(
@@ -22,11 +32,12 @@ def open_model(
     check of the files; `weights` ema | raw, default the EMA's where there are any; `need_head`: refuse
     an encoder-only export). A verb that `loads_data` (eval, probe, reconstruct) also refuses a config
     whose data and evaluation cannot fit in memory, and a shipped model whose data is missing (one line
-    saying where to get it). Returns (model in eval mode, config, device)."""
+    saying where to get it). Returns an OpenedModel: the model in eval mode, its config, the device and
+    the foreground share of its training images."""
     check_seed(seed, "--seed")
     device = resolve_device(device_name)
-    model, cfg, _ = load_model(path, device, weights, need_head=need_head)
+    model, cfg, record = load_model(path, device, weights, need_head=need_head)
     if loads_data:
         check_data(path, cfg.data.source, cfg.data.path)
         check_fits(cfg, device, training=False)
-    return model, cfg, device
+    return OpenedModel(model, cfg, device, record["foreground_share"])

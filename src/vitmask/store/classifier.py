@@ -110,10 +110,10 @@ def load_classifier_model(
     state = files.entry(kind)
     if files.is_export:
         classes = export_classes(files.meta, path)
-        record = {**files.meta["training"], "foreground_share": files.meta["training"].get("foreground_share")}
+        record = {**files.meta["training"], "foreground_share": files.foreground_share}
     else:
         classes = checkpoint_classes(files.meta.get("labels"), head_rows(state, path), path)
-        record = checkpoint_record(files.meta, cfg, path)
+        record = {**checkpoint_record(files.meta, cfg), "foreground_share": files.foreground_share}
     model = new_classifier(cfg, len(classes))
     files.load_into(model, state)
     model.to(device).eval()
@@ -135,17 +135,10 @@ def head_rows(state: dict[str, torch.Tensor], path: Path) -> int:
     return head.shape[0]
 
 
-def checkpoint_record(state: dict[str, Any], cfg: Config, path: Path | None = None) -> dict[str, Any]:
-    """The run a fine-tuning checkpoint comes from: step, run id, figures, the pretrained model, the
-    foreground share of its training images (None where it records none)."""
-    share = state.get("foreground_share")
-    if share is not None and not model_files.is_share(share):
-        raise UserError(
-            f"checkpoint {path} is damaged: its foreground_share is {str(share)[:40]}, not a number in [0, 1]; "
-            f"{checkpoint.OTHER_CHECKPOINT}"
-        )
+def checkpoint_record(state: dict[str, Any], cfg: Config) -> dict[str, Any]:
+    """The run a fine-tuning checkpoint comes from: step, run id, figures, the pretrained model (the
+    foreground share of its training images: ModelFiles.foreground_share, which checks it)."""
     return {
-        "foreground_share": share,
         "step": state.get("step"),
         "run_id": state.get("run_id"),
         "val": state.get("val") if isinstance(state.get("val"), dict) else None,

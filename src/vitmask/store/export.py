@@ -127,7 +127,8 @@ def load_model(
     """The model behind a verb's `--checkpoint`: a .pt checkpoint (its EMA weights when it has them,
     unless `weights` is "raw") or an export dir, each file read once (model_files.py). `need_head`:
     refuse an encoder-only export. `flag`: the option that gave `weights`, as the messages name it.
-    `state` is the checkpoint's dict, or an export's config.json with its config as `config`."""
+    `state` is the checkpoint's dict, or an export's config.json with its config as `config`; either
+    with `foreground_share`, the share of 1-pixels of the training images (None: not recorded)."""
     path = Path(path)
     check_weights(weights, flag)
     files = model_files.open_model_files(path)
@@ -147,6 +148,7 @@ def load_model(
             "patches; pass a full export (vitmask export without --encoder-only) or the checkpoint"
         )
     record = {**files.meta, "config": cfg.to_dict()} if files.is_export else files.meta
+    record = {**record, "foreground_share": files.foreground_share}  # checked, for exports and checkpoints alike
     return LoadedModel(model.to(device).eval(), cfg, record)
 
 
@@ -234,6 +236,7 @@ def export_metadata(cfg: Config, kind: str, encoder_only: bool, state: dict[str,
             "best_val_loss": state.get("best_val_loss"),
             "val": state.get("val") if isinstance(state.get("val"), dict) else None,
             "init": state.get("init") if isinstance(state.get("init"), dict) else None,  # train --init's source
+            "foreground_share": state.get("foreground_share"),  # of its training images (load_model checked it)
         },
     }
 

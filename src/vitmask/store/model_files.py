@@ -325,6 +325,21 @@ class ModelFiles:
                 self.path, f"{CONFIG_FILE} holds a config this version cannot use ({e})", self.task
             ) from None
 
+    @functools.cached_property
+    def foreground_share(self) -> float | None:
+        """The share of 1-pixels of the images the model trained on (`foreground_share` in a checkpoint,
+        `training.foreground_share` in an export), None where the files record none; one line for a
+        checkpoint whose value is not a share."""
+        if self.is_export:
+            return self.meta["training"].get("foreground_share")  # checked with the training record
+        share = self._raw.get("foreground_share")
+        if share is not None and not is_share(share):
+            raise UserError(
+                f"checkpoint {self.path} is damaged: its foreground_share is {str(share)[:40]}, not a number in "
+                f"[0, 1]; {checkpoint.OTHER_CHECKPOINT}"
+            )
+        return share
+
     def config_with(self, overrides: list[str] | tuple[str, ...]) -> Config:
         """The training config with `overrides` applied (count-params)."""
         return config_from_dict(self.config.to_dict(), overrides) if overrides else self.config

@@ -39,7 +39,6 @@ from torch import nn
 
 from vitmask.config import Config, TrainConfig
 from vitmask.data.batches import EpochOrder, LabelledSplits, mix64
-from vitmask.data.binarization import foreground_share
 from vitmask.data.class_names import class_names
 from vitmask.data.masking import random_mask
 from vitmask.data.patches import patchify
@@ -303,7 +302,6 @@ class FinetuneTrainer(Trainer):
         self.labels, self.num_labels = class_indices(labels)
         values = torch.cat(list(labels.values())).unique().tolist()  # the label value of each class index
         self.classes = {"values": values, "names": class_names(cfg.data, values)}
-        self.foreground_share = foreground_share(data.images["train"])  # of the images it trains on
         self.grid = pool_grid(cfg)
         self.encoder_state = encoder
         self.pretrained = pretrained
@@ -358,7 +356,6 @@ class FinetuneTrainer(Trainer):
             "task": "finetune",
             "pretrained": self.pretrained,
             "labels": self.classes,
-            "foreground_share": self.foreground_share,
         }
 
     def test_accuracy(self, images: torch.Tensor) -> float:

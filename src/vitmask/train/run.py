@@ -26,7 +26,7 @@ import torch
 
 from vitmask.config import Config, ConfigSource, dump_config, load_config
 from vitmask.data.batches import load_labelled_splits, load_splits
-from vitmask.data.binarization import Asked, follow_pack, follow_pretrained, foreground_share, tell, warn_if_inverted
+from vitmask.data.binarization import Asked, follow_pack, follow_pretrained, tell, warn_if_inverted
 from vitmask.data.packed import DamagedRows
 from vitmask.data.per_class import check_unpackable, unpacked_splits
 from vitmask.errors import UserError
@@ -131,8 +131,9 @@ def run_plan(
             print(f"starting a new run in {run_dir} from {plan.init.describe()}", flush=True)
         if world.main:
             tell(plan.said)
-            share = foreground_share(data.images["train"])
-            warn_if_inverted(share, cfg.data, "the training images", repack=cfg.data.source == "packed")
+            share = trainer.foreground_share
+            if share is not None:
+                warn_if_inverted(share, cfg.data, "the training images", repack=cfg.data.source == "packed")
             write_text(run_dir / "config.yaml", dump_config(cfg), "config", make_folder=False, replaces=REPLACE_ANY)
         trainer.fit(run_dir)
         trainer.close()

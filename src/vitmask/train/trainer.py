@@ -14,7 +14,9 @@ given by the runner on rank 0),
 the EMA of the weights with `train.ema_decay` (ema.py: updated after every step, validated beside
 the raw weights, best.pt following its validation loss). A new run may start from given weights
 (`init`, store/init_weights.py: `vitmask train --init`); where they came from is kept in every
-checkpoint as `init`.
+checkpoint as `init`. Every checkpoint also keeps `foreground_share`, the share of 1-pixels of the
+train split (binarization.foreground_share; None for an empty split), which the models' Python calls,
+`inpaint` and `predict` compare new images with (binarization.warn_if_far).
 
 Callbacks (callbacks.py, `self.callbacks`: the config's early stopping, then the caller's): their
 hooks run on logging steps, after validations, after checkpoints, at the start and at the end; a
@@ -42,6 +44,7 @@ import vitmask.train.parity as parity  # the modules, not through the package vi
 import vitmask.train.sdpa as sdpa
 from vitmask.config import Config
 from vitmask.data.batches import Batch, BatchSampler, training_images
+from vitmask.data.binarization import foreground_share
 from vitmask.errors import Stopped, UserError, warn
 from vitmask.evaluate.metrics import SCALARS, MaskedPatchMetrics
 from vitmask.model.vit import build_model
@@ -123,6 +126,8 @@ class Trainer:
         if init is not None:  # a new run from given weights: before the optimizer and the EMA see the model
             load_model_state(self.model, init.state)
         self.init = init.record if init is not None else None  # where the weights came from, kept in checkpoints
+        share = foreground_share(splits["train"])  # what new images are compared with (binarization.warn_if_far)
+        self.foreground_share: float | None = share if math.isfinite(share) else None
         self.optimizer, self.scheduler = self.build_optimization()
         self.ema = WeightEMA(self.model, train.ema_decay) if train.ema_decay > 0 else None  # fp32 copy
         self.scaler = process.grad_scaler(train.precision, device)
@@ -293,6 +298,7 @@ class Trainer:
             "run_id": self.run_id,
             "val": self.last_val,
             "init": self.init,
+            "foreground_share": self.foreground_share,
             "pending": list(self.pending),
             "divergence": self.divergence.state_dict(),
             "best": {"step": self.best_step, "metrics": dict(self.best_metrics)},
