@@ -108,12 +108,8 @@ class ImageClassifier:
         return None if isinstance(images, ProcessedImages) else fit or self.processor.fit
 
     def _checked_pixels(self, images, fit, invert, threshold, force_preprocessing) -> torch.Tensor:
-        """`pixels`, with one warning line when their foreground share is far from the training images'."""
-        pixels = self.pixels(images, fit, invert, threshold, force_preprocessing)  # (B, S, S)
-        processor = self.processor.with_preprocessing(fit, invert, threshold, force_preprocessing)
-        share = pixels_share(pixels)
-        warn_if_far(share, len(pixels), self.trained_foreground_share, processor, "invert= and threshold=")
-        return pixels
+        trained = self.trained_foreground_share
+        return checked_pixels(images, self.processor, trained, fit, invert, threshold, force_preprocessing)
 
     @torch.no_grad()
     def _batched(self, pixels: torch.Tensor, forward) -> torch.Tensor:
@@ -216,6 +212,17 @@ def model_pixels(
         )
     if bool((pixels > 1).any()):
         raise UserError("the ProcessedImages hold pixels other than 0 and 1; make them with model.processor(images)")
+    return pixels
+
+
+def checked_pixels(
+    images, processor: ImageProcessor, trained: float | None, fit, invert, threshold, force_preprocessing
+) -> torch.Tensor:
+    """`model_pixels`, with one warning line when their foreground share is far from `trained`, the
+    training images' (binarization.warn_if_far; None: not recorded, no check)."""
+    pixels = model_pixels(images, processor, fit, invert, threshold, force_preprocessing)  # (B, S, S)
+    chosen = processor.with_preprocessing(fit, invert, threshold, force_preprocessing)
+    warn_if_far(pixels_share(pixels), len(pixels), trained, chosen, "invert= and threshold=")
     return pixels
 
 

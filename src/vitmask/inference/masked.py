@@ -28,12 +28,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from vitmask.data.binarization import pixels_share, warn_if_far
 from vitmask.data.processor import ImageProcessor, ProcessedImages, short
 from vitmask.errors import UserError
 from vitmask.evaluate.pictures import paste_predictions
 from vitmask.evaluate.probe import DEFAULT_POOL, POOLS, check_layer, check_pool, extract_features
-from vitmask.inference.classifier import check_load_arguments, model_pixels
+from vitmask.inference.classifier import check_load_arguments, checked_pixels, model_pixels
 from vitmask.model.vit import predict_every_patch
 from vitmask.runtime.process import api_device
 from vitmask.store.export import load_model
@@ -69,12 +68,8 @@ class MaskedModel:
         return model_pixels(images, self.processor, fit, invert, threshold, force_preprocessing)
 
     def _checked_pixels(self, images, fit, invert, threshold, force_preprocessing) -> torch.Tensor:
-        """`pixels`, with one warning line when their foreground share is far from the training images'."""
-        pixels = self.pixels(images, fit, invert, threshold, force_preprocessing)  # (B, S, S)
-        processor = self.processor.with_preprocessing(fit, invert, threshold, force_preprocessing)
-        share = pixels_share(pixels)
-        warn_if_far(share, len(pixels), self.trained_foreground_share, processor, "invert= and threshold=")
-        return pixels
+        trained = self.trained_foreground_share
+        return checked_pixels(images, self.processor, trained, fit, invert, threshold, force_preprocessing)
 
     def features(
         self,
