@@ -8,8 +8,10 @@ import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import typer
+from PIL import Image
 
 from tests.conftest import ROOT
 from vitmask.cli import commands
@@ -77,15 +79,12 @@ def test_a_usage_error_is_one_line_without_importing_torch():
     assert report == {"code": 2, "torch": False}
 
 
-# torch's compiler failing to import as it does with no writable temporary directory (its caches
-# find one at import; tests/test_hostile.py makes that happen for real, for one verb)
+# No writable temporary directory, which torch's compiler looks for at import: Python's search for one
+# (tempfile.gettempdir) offered only a folder that does not exist. tests/test_hostile.py makes the
+# same happen for real (no file can be written), for one verb.
 NO_TEMP_DIR = """
-import sys
-class NoTempDir:
-    def find_spec(self, name, path=None, target=None):
-        if name == "torch._dynamo":
-            raise FileNotFoundError(2, "No usable temporary directory found in ['/tmp']")
-sys.meta_path.insert(0, NoTempDir())
+import tempfile
+tempfile._candidate_tempdir_list = lambda: ["/no/such/folder/for/temporary/files"]
 """
 
 
@@ -103,6 +102,44 @@ def test_every_command_imports_the_library_first_so_a_start_without_a_temp_dir_i
     assert len(err) == 1, err
     assert err[0].startswith("vitmask: cannot start: no such file or folder while importing torch"), err
     assert "set TMPDIR to a writable folder" in err[0]
+
+
+# Runs `vitmask ARGS` for each JSON list of ARGS in argv, in this one interpreter, then reports each
+# exit code and whether torch's compiler (torch._dynamo, over a CPU-second to import) was imported.
+COMMANDS_THEN_COMPILER = """
+import json, sys
+from vitmask.cli.commands import main
+codes = []
+for args in map(json.loads, sys.argv[1:]):
+    try:
+        main(args)
+    except SystemExit as e:
+        codes.append(e.code)
+sys.stderr.write("\\n" + json.dumps({"codes": codes, "compiler": "torch._dynamo" in sys.modules}) + "\\n")
+"""
+
+
+def test_commands_that_compile_nothing_do_without_torchs_compiler(tmp_path):
+    """sample, inpaint and reconstruct (which reads the model's data and sizes it: check_fits) on the
+    shipped shapes model build no model on the meta device and compile nothing, so torch._dynamo is
+    never imported."""
+    import json
+
+    image = tmp_path / "square.png"
+    Image.fromarray(np.pad(np.full((16, 16), 255, np.uint8), 8)).save(image)  # 32 x 32, the model's size
+    shapes = ["--checkpoint", "shapes", "--device", "cpu"]
+    commands_run = [
+        ["sample", *shapes, "--n", "1", "--steps", "2", "--out", str(tmp_path / "s.png")],
+        ["inpaint", *shapes, "--image", str(image), "--box", "0,0,8,8", "--out", str(tmp_path / "i.png")],
+        ["reconstruct", *shapes, "--n", "4", "--out", str(tmp_path / "r.png")],
+    ]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
+    res = subprocess.run(
+        [sys.executable, "-c", COMMANDS_THEN_COMPILER, *map(json.dumps, commands_run)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    *_, last = [line for line in res.stderr.splitlines() if line.strip()]
+    assert json.loads(last) == {"codes": [0, 0, 0], "compiler": False}, res.stderr[-2000:]
 
 
 def test_version_prints_vitmasks_and_torchs_versions_without_importing_torch():

@@ -27,6 +27,7 @@ import os
 import re
 import signal
 import sys
+import tempfile
 import threading
 from importlib import metadata
 from pathlib import Path
@@ -49,8 +50,9 @@ from vitmask.train.callbacks import CallbackError
 
 
 class CannotStart(Exception):
-    """torch could not be imported for want of a writable temporary directory (its compiler's caches
-    find one at import): a full disk, a read-only /tmp. Nothing has been read or written yet."""
+    """torch, or its compiler, cannot be imported for want of a writable temporary directory (the
+    compiler's caches find one at import): a full disk, a read-only /tmp. Nothing has been read or
+    written yet."""
 
 
 class _ImportedOnFirstUse:
@@ -70,16 +72,18 @@ training = _ImportedOnFirstUse("vitmask.train.run")  # what `vitmask.train` and 
 
 def _library_first(callback):
     """`callback` (a command) importing the library first: `vitmask.cli.verbs`, and with it torch, then
-    torch's compiler (its import looks for a writable temporary directory for its caches; training
-    compiles, and sizing a model on the meta device imports it too). An import that fails for want of
-    a temporary directory is then one line (`CannotStart`), whichever module the command would import
-    first. Parsing and `--help` run no command, so they never import torch."""
+    finding the temporary directory that torch's compiler looks for when it is imported (training
+    compiles, and sizing a model on the meta device imports it too). Without a writable one the command
+    stops there in one line (`CannotStart`), whichever module it would import first; with one, Python
+    keeps it (tempfile.tempdir), and the compiler's import later finds it. The compiler itself is not
+    imported here (over a CPU-second): a command that never compiles or sizes a model on the meta
+    device does without it. Parsing and `--help` run no command, so they never import torch."""
 
     @functools.wraps(callback)
     def run(*args, **kwargs):
         try:
             importlib.import_module("vitmask.cli.verbs")
-            importlib.import_module("torch._dynamo")
+            tempfile.gettempdir()
         except OSError as e:
             raise CannotStart(
                 f"{reason(e)} while importing torch (it needs a writable temporary directory); free disk space, "

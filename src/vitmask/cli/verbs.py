@@ -464,7 +464,7 @@ def preview(
         input_folders=inputs["input_folders"],
     )
     replaces = file_id(out)  # the file given, if any: the only one the preview may replace
-    check_fits(cfg, torch.device("cpu"), training=False, what="loading the data of")
+    check_fits(cfg, torch.device("cpu"), training=False, what="loading the data of", params=0)  # no model built
     stats = write_preview(load_splits(cfg), cfg, out, count, seed, replaces)
     tell(said)
     return format_stats(stats, cfg)

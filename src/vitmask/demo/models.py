@@ -80,15 +80,16 @@ def open_models(
         classifier_name,
         # the folder the model was read from, fixed now: a shipped name gives its package folder, not the
         # working directory's folder of that name, whatever the working directory holds later
-        Examples(resolve_model_path(Path(checkpoint)).absolute(), cfg),
+        Examples(resolve_model_path(Path(checkpoint)).absolute(), cfg, sum(p.numel() for p in model.parameters())),
     )
 
 
 class Examples:
     """The test images the page offers, read on first use (thread-safe): `images()`."""
 
-    def __init__(self, checkpoint: Path, cfg: Config):
+    def __init__(self, checkpoint: Path, cfg: Config, params: int | None = None):
         self.checkpoint, self.cfg = checkpoint, cfg
+        self.params = params  # the model's parameter count, for sizing the test split's read (check_fits)
         self._lock = threading.Lock()
         self._read: tuple[torch.Tensor | None, str] | None = None
 
@@ -107,7 +108,7 @@ class Examples:
                 return read_examples(file, size), f"{file.name} of {self.checkpoint}"
             except UserError as e:
                 return None, str(e)
-        return test_split(self.cfg)
+        return test_split(self.cfg, self.params)
 
 
 def examples_file(checkpoint: Path) -> Path | None:
@@ -134,11 +135,11 @@ def read_examples(file: Path, size: int) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(images[:MAX_EXAMPLES]))
 
 
-def test_split(cfg: Config) -> tuple[torch.Tensor | None, str]:
+def test_split(cfg: Config, params: int | None = None) -> tuple[torch.Tensor | None, str]:
     """The first MAX_EXAMPLES images of the config's test split, read without downloading; or None and why."""
     cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, download=False))
     try:
-        check_fits(cfg, torch.device("cpu"), training=False, what="reading the test images of")
+        check_fits(cfg, torch.device("cpu"), training=False, what="reading the test images of", params=params)
         test = load_splits(cfg)["test"]
         images = torch.as_tensor(test[: min(len(test), MAX_EXAMPLES)]).to(torch.uint8)  # (n, S, S)
     except UserError as e:

@@ -39,5 +39,5 @@ def open_model(
     model, cfg, record = load_model(path, device, weights, need_head=need_head)
     if loads_data:
         check_data(path, cfg.data.source, cfg.data.path)
-        check_fits(cfg, device, training=False)
+        check_fits(cfg, device, training=False, params=sum(p.numel() for p in model.parameters()))
     return OpenedModel(model, cfg, device, record["foreground_share"])

@@ -81,13 +81,15 @@ class Estimate:
         return ", ".join(f"{name} {gib(b)}" for name, b in big if b)
 
 
-def estimate(cfg: Config, device_type: str = "cpu", training: bool = True) -> Estimate:
-    """The memory `cfg` needs to train (or, with training=False, to evaluate) on a device type."""
+def estimate(cfg: Config, device_type: str = "cpu", training: bool = True, params: int | None = None) -> Estimate:
+    """The memory `cfg` needs to train (or, with training=False, to evaluate) on a device type; `params`:
+    the model's parameter count where it is built already (else `param_count`, on the meta device,
+    whose ops import torch's compiler: over a CPU-second a process that compiles nothing need not pay)."""
     arch, data = cfg.model, cfg.data
     n, dim, ffn, c = data.num_patches, arch.hidden_dim, arch.ffn_dim, data.num_classes
     masked = num_masked(n, cfg.mask.ratio)
     value = 4 if precision(cfg, device_type) == "fp32" else 2
-    params = param_count(cfg)
+    params = param_count(cfg) if params is None else params
     scores = writes_out_attention(cfg, device_type)
     b = data.batch_size
     ffn_tensors = arch.ffn_matrices  # each FFN matrix keeps one (B, N, F) activation
@@ -116,9 +118,12 @@ def estimate(cfg: Config, device_type: str = "cpu", training: bool = True) -> Es
     return Estimate(parts)
 
 
-def check_fits(cfg: Config, device: torch.device, training: bool = True, what: str = "") -> Estimate:
-    """Refuse (one line, with the figure) a config whose estimate exceeds the free memory."""
-    est = estimate(cfg, device.type, training)
+def check_fits(
+    cfg: Config, device: torch.device, training: bool = True, what: str = "", params: int | None = None
+) -> Estimate:
+    """Refuse (one line, with the figure) a config whose estimate exceeds the free memory (`params`: as
+    `estimate` takes it)."""
+    est = estimate(cfg, device.type, training, params)
     free = available_bytes(device)
     if free is not None and est.total > free:
         doing = what or ("training" if training else "evaluating")
