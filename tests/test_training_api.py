@@ -91,6 +91,22 @@ def test_python_callbacks_and_early_stopping_end_the_run_with_a_result(tmp_path)
     assert stopping.best_step == 2 and stopping.waited == 2
 
 
+def test_an_object_with_a_hook_is_a_callback_without_subclassing(tmp_path):
+    """Callbacks are duck-typed: the check that refuses objects without any hook lets this one through."""
+
+    class Seen:
+        def __init__(self):
+            self.steps = []
+
+        def on_validation_end(self, step, metrics):
+            self.steps.append(step)
+
+    seen = Seen()
+    cfg = write_config(tmp_path / "c.yaml", {"train": {**SHORT["train"], "max_steps": 4}})
+    vitmask.train(cfg, run_dir=tmp_path / "run", device="cpu", callbacks=[seen])
+    assert seen.steps == [2, 4]
+
+
 def test_early_stopping_from_the_command_line_says_why_in_one_line_and_exits_0(tmp_path, run_cli):
     cfg = write_config(tmp_path / "c.yaml", SHORT)
     sets = ["train.max_steps=40", "train.lr=1e-9", "train.early_stop_patience=2", "train.early_stop_min_delta=0.01"]
@@ -146,6 +162,9 @@ def test_python_raises_the_callback_error_with_its_cause(tmp_path):
         ({"config": ["a.yaml", 3]}, "a list of configs must hold YAML files' paths"),
         ({"overrides": "train.lr=0.1"}, "overrides must be a list of 'KEY=VALUE' strings"),
         ({"callbacks": [EarlyStopping]}, "callbacks takes callback objects, and got the class EarlyStopping"),
+        ({"callbacks": EarlyStopping("val/loss")}, "callbacks must be a list of callback objects, got EarlyStopping"),
+        ({"callbacks": [print]}, "callbacks[0], of type builtin_function_or_method, has none of the hooks"),
+        ({"callbacks": [EarlyStopping("val/loss"), object()]}, "callbacks[1], of type object, has none of the hooks"),
         ({"device": 0}, "device must be 'auto', 'cpu', 'cuda', 'cuda:K' or a torch.device, got 0"),
         ({"resume": 5}, "resume must be a path (str or Path) or auto, got 5"),
         ({"run_dir": ""}, "run_dir must be a path (str or Path), got ''"),

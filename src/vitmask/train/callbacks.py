@@ -85,6 +85,27 @@ class Callback:
         pass
 
 
+HOOKS = ("on_start", "on_step_end", "on_validation_end", "on_checkpoint", "on_end")
+
+
+def check_callbacks(callbacks) -> list:
+    """`callbacks` as a list, each one a callback object: a `Callback`, or any object with at least one
+    of the HOOKS as a method. One line for anything else (a class for its instance, a function, a
+    logger), which would otherwise be called never, silently."""
+    if isinstance(callbacks, (str, bytes)) or not hasattr(callbacks, "__iter__"):
+        raise UserError(f"callbacks must be a list of callback objects, got {type(callbacks).__name__}")
+    callbacks = list(callbacks)
+    for i, cb in enumerate(callbacks):
+        if isinstance(cb, type):
+            raise UserError(f"callbacks takes callback objects, and got the class {cb.__name__}; pass {cb.__name__}()")
+        if not isinstance(cb, Callback) and not any(callable(getattr(cb, name, None)) for name in HOOKS):
+            raise UserError(
+                f"callbacks[{i}], of type {type(cb).__name__}, has none of the hooks ({', '.join(HOOKS)}), so it "
+                "would never be called; subclass vitmask.train.callbacks.Callback and override the hooks you need"
+            )
+    return callbacks
+
+
 class CallbackError(Exception):
     """A callback's hook raised; the run stopped after its step with its checkpoint written. The
     message is one line; `__cause__` is the hook's exception."""

@@ -43,7 +43,7 @@ from vitmask.store.checkpoint import check_resumable, config_of, describe_load_f
 from vitmask.store.export import load_model
 from vitmask.store.init_weights import check_flags as init_weights_check
 from vitmask.store.init_weights import check_same_images, load_init
-from vitmask.train.callbacks import CallbackError
+from vitmask.train.callbacks import CallbackError, check_callbacks
 from vitmask.train.loggers import build_loggers, check_extras
 from vitmask.train.result import FinetuneResult, TrainResult
 from vitmask.train.trainer import Trainer
@@ -225,10 +225,7 @@ def _arguments(config, overrides, run_dir, callbacks, device):
         config = Path(config)
     if isinstance(overrides, str) or not all(isinstance(o, str) for o in overrides):
         raise UserError(f"overrides must be a list of 'KEY=VALUE' strings (as --set takes), got {overrides!r}")
-    callbacks = list(callbacks)
-    for cb in callbacks:
-        if isinstance(cb, type):
-            raise UserError(f"callbacks takes callback objects, and got the class {cb.__name__}; pass {cb.__name__}()")
+    callbacks = check_callbacks(callbacks)
     if isinstance(device, torch.device):
         device = str(device)
     if not isinstance(device, str):
