@@ -240,6 +240,26 @@ def test_a_bad_space_is_one_line(tmp_path, run_cli_in_process, space, needles):
     assert not (tmp_path / "sweep.db").exists()  # refused before the storage is opened
 
 
+def test_an_out_where_no_run_dir_can_be_made_is_one_line_before_any_trial(tmp_path, run_cli_in_process):
+    cfg, space = files(tmp_path)
+    (tmp_path / "a-file").write_text("not a folder")
+    for out, needle in (
+        (tmp_path / "a-file", "is a file, not a folder"),
+        (tmp_path / "a-file" / "sweep", "cannot be made (a part of the path is a file, not a folder)"),
+    ):
+        res = run_cli_in_process(
+            "sweep", "-c", cfg, "--space", space, "--trials", 1, "--storage", url(tmp_path), "--study", "o",
+            "--out", out, "--device", "cpu",
+        )  # fmt: skip
+        assert_user_error(res, f"--out {out} ", needle)
+    assert not (tmp_path / "sweep.db").exists()  # refused before the storage is opened: no study, no trial
+    new = tmp_path / "new" / "sweep"
+    from vitmask.sweep.study import check_out
+
+    check_out(new)
+    assert not (tmp_path / "new").exists()  # the folders made to find out are removed again
+
+
 def test_a_storage_that_cannot_be_opened_is_one_line(tmp_path, run_cli_in_process):
     (tmp_path / "afile").write_text("")
     for storage, needle in [

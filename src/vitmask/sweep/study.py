@@ -51,6 +51,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from vitmask.config import ConfigSource, flatten_config, load_config
 from vitmask.errors import Stopped, UserError, warn
+from vitmask.outputs import reason
 from vitmask.signals import STOP_SIGNALS, Interrupted
 from vitmask.sweep.objective import Objective, Surplus, TrialFailed, param_text, process_start, this_worker
 from vitmask.sweep.space import Space, check_values, load_space
@@ -409,6 +410,7 @@ def run_sweep(
     check_values(the_space, config, sets)
     check_metric(metric, cfg, the_space)
     out = Path(out) if out is not None else Path("runs") / study
+    check_out(out)
     rdb = open_storage(storage, heartbeat)
     the_study = open_study(rdb, study, storage, direction, metric, the_space, cfg, pruner_obj)
     objective = Objective(
@@ -429,6 +431,30 @@ def run_sweep(
         _loop(the_study, rdb, objective, trials, ran, say, held)
     counts = counts_of(the_study)
     return SweepResult(study, shown_url(storage), trials, counts, ran, best_trial(the_study), metric, out)
+
+
+def check_out(out: Path) -> None:
+    """Refuse, before the storage is opened and any trial runs, an --out where no trial's run dir could
+    be made (each trial would fail on it): a file, or a folder that cannot be created or written. The
+    folders made to find out are removed again."""
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} is a file, not a folder; pass the folder the trials' run dirs go in")
+    made = []
+    for q in [out, *out.parents]:
+        if q.exists():
+            break
+        made.append(q)  # innermost first
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"--out {out} cannot be made ({reason(e)}); pass a folder the trials can write in") from None
+    try:
+        if not os.access(out, os.W_OK | os.X_OK):
+            raise UserError(f"--out {out} is not writable (permission denied); pass a folder the trials can write in")
+    finally:
+        for q in made:
+            with contextlib.suppress(OSError):
+                q.rmdir()
 
 
 def _print(line: str) -> None:
