@@ -6,19 +6,20 @@ a name or path means the same to each. It sits here, below both the command line
 """
 
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import torch
 
 from vitmask.config import Config, check_seed
 from vitmask.model.memory_estimate import check_fits
+from vitmask.model.vit import MaskedPatchViT
 from vitmask.pretrained import check_data
 from vitmask.runtime.process import resolve_device
 from vitmask.store.export import load_model
 
 
 class OpenedModel(NamedTuple):
-    model: Any  # MaskedPatchViT in eval mode, on `device`
+    model: MaskedPatchViT  # in eval mode, on `device`
     config: Config
     device: torch.device
     foreground_share: float | None  # of its training images (ModelFiles.foreground_share); None: not recorded
@@ -26,7 +27,7 @@ class OpenedModel(NamedTuple):
 
 def open_model(
     path: Path, device_name: str, seed: int, weights: str | None = None, loads_data: bool = True, need_head: bool = True
-):
+) -> OpenedModel:
     """What every verb that reads a model does first: check its `--seed`, resolve the device and load
     the model from a .pt checkpoint, an export dir or a shipped model's name (export.load_model: every
     check of the files; `weights` ema | raw, default the EMA's where there are any; `need_head`: refuse
