@@ -312,10 +312,10 @@ def test_the_bars_go_when_the_image_or_the_result_changes_and_the_tint_is_off_un
     assert gone()
     classify()
     upload = np.zeros((SIZE, SIZE), np.uint8)
-    upload[:, : SIZE // 2] = 255
-    Image.fromarray(upload).save(tmp_path / "half.png")
-    page.set_input_files("#upload", str(tmp_path / "half.png"))
-    wait_for_message(page, "half.png read")
+    upload[:, : SIZE // 4] = 255  # a quarter white: near the training shapes' share, so no note beside it
+    Image.fromarray(upload).save(tmp_path / "quarter.png")
+    page.set_input_files("#upload", str(tmp_path / "quarter.png"))
+    wait_for_message(page, "quarter.png read")
     assert gone() and (shown_pixels(page, "#image-canvas") == (upload > 0)).all()
     drag(page, "box", [(0, 0), (7, 7)])  # the upload cleared the mask: hide the top-left 4x4 patches again
     classify()

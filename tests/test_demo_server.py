@@ -224,6 +224,21 @@ def test_an_upload_is_binarized_as_inpaint_reads_its_image(client):
     assert "fitted 20x12 to 16x16 (data.fit pad)" in answer["note"]
 
 
+def test_an_upload_far_from_the_training_images_says_so_in_its_note(client, served):
+    """The warning vitmask inpaint gives, on the page: the model records the share of 1-pixels of its
+    training shapes, and an image drawn the other way round (white paper, dark ink) is far from it."""
+    trained = served.foreground_share
+    gray = a_digit_like_gray_image()
+    assert abs((gray >= 128).mean() - trained) <= 0.25  # drawn as the training images are: no note
+    assert post_upload(client, png_bytes(gray))["note"] == ""
+    inverted = 255 - gray
+    share = (inverted >= 128).mean()  # counted here: the paper is foreground
+    assert share - trained > 0.25
+    note = post_upload(client, png_bytes(inverted))["note"]
+    assert note.startswith(f"{share:.0%} of it is foreground (white) after the model's preprocessing, where its")
+    assert f"training images were {trained:.0%}: fills of it are likely wrong" in note
+
+
 def test_an_upload_of_an_odd_but_readable_mode_reads_its_levels(client):
     """16-bit gray: level v is v * 255 / 65535; 40000 -> 156 (foreground), 30000 -> 117 (background)."""
     levels = np.full((SIZE, SIZE), 30000, np.uint16)

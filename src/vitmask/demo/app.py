@@ -53,6 +53,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from vitmask.config import check_seed
+from vitmask.data.binarization import far_from, pixels_share
 from vitmask.data.preprocess import binarize_images, load_image_file
 from vitmask.demo.models import DemoModels
 from vitmask.errors import UserError
@@ -345,10 +346,18 @@ class DemoEndpoints:
                 picture = binarize_images(gray.unsqueeze(0), self.data)[0]  # (S, S)
             except UserError as e:
                 raise UserError(str(e).replace(str(path), "the upload")) from None
-        note = ""
+        notes = []
         if (h, w) != (self.size, self.size):
-            note = f"fitted {w}x{h} to {self.size}x{self.size} (data.fit {self.data.fit}), as vitmask inpaint reads it"
-        return {"pixels": bits(picture), "note": note}
+            fitted = f"fitted {w}x{h} to {self.size}x{self.size} (data.fit {self.data.fit})"
+            notes.append(f"{fitted}, as vitmask inpaint reads it")
+        share, trained = pixels_share(picture), self.models.foreground_share
+        if trained is not None and far_from(share, trained, 1):  # the warning vitmask inpaint gives
+            notes.append(
+                f"{share:.0%} of it is foreground (white) after the model's preprocessing, where its training images "
+                f"were {trained:.0%}: fills of it are likely wrong; upload it drawn as they are (ink and background "
+                "the same way round)"
+            )
+        return {"pixels": bits(picture), "note": "; ".join(notes)}
 
     async def fill(self, request: Request) -> Response:
         try:

@@ -50,6 +50,7 @@ class DemoModels:
     classifier: ImageClassifier | None
     classifier_name: str | None
     examples: "Examples"
+    foreground_share: float | None = None  # of the model's training images (None: not recorded)
 
 
 def open_models(
@@ -61,7 +62,7 @@ def open_models(
         checkpoint, name = SHIPPED[DEFAULT_MODEL].folder, DEFAULT_MODEL
         if classifier is None:
             classifier, classifier_name = SHIPPED[DEFAULT_CLASSIFIER].folder, DEFAULT_CLASSIFIER
-    model, cfg, device, _ = open_model(Path(checkpoint), device_name, 0, weights, loads_data=False)
+    model, cfg, device, share = open_model(Path(checkpoint), device_name, 0, weights, loads_data=False)
     loaded = None
     if classifier is not None:
         loaded = ImageClassifier(load_classifier_model(Path(classifier), device, weights))
@@ -81,6 +82,7 @@ def open_models(
         # the folder the model was read from, fixed now: a shipped name gives its package folder, not the
         # working directory's folder of that name, whatever the working directory holds later
         Examples(resolve_model_path(Path(checkpoint)).absolute(), cfg, sum(p.numel() for p in model.parameters())),
+        share,
     )
 
 
