@@ -140,7 +140,7 @@ def test_fires_once_a_call_on_dark_on_white_drawings(checkpoint, capsys):
     (line,) = warnings_of(capsys)
     expected = round(float(share(drawings).mean()) * 100)
     assert f"the 30 images are {expected}% foreground (1-pixels) after the model's preprocessing" in line
-    assert "where its training images were 13%" in line
+    assert "where its training images were 13%" in line and "its predictions on them are likely wrong" in line
     classifier.features(drawings[0])
     assert len(warnings_of(capsys)) == 1  # one image alone: once
     classifier.predict(drawings, invert=True, force_preprocessing=True)  # made binary the right way round
@@ -259,6 +259,7 @@ def test_inpaint_warns_in_one_line_on_a_drawing_and_not_on_a_digit(masked, run_c
         (line,) = [ln for ln in res.stderr.splitlines() if ln.strip()]
         expected = round(float(share(drawing)[0]) * 100)
         assert line.startswith(f"vitmask: warning: the 1 image is {expected}% foreground (1-pixels)"), line
+        assert "its predictions on it are likely wrong; check it is drawn as its training data" in line
         assert "where its training images were 13%" in line and "--invert/--no-invert and --threshold" in line
         assert (tmp_path / "w.png").is_file()
 

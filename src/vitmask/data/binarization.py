@@ -219,10 +219,11 @@ def warn_if_far(share: float, n: int, trained: float | None, processor, flags: s
     they went through (an ImageProcessor), `flags` how to choose another."""
     if trained is None or n == 0 or not far_from(share, trained, n):
         return
+    them, they = ("them", "they are") if n != 1 else ("it", "it is")
     warn(
         f"the {n} image{'s are' if n != 1 else ' is'} {share:.0%} foreground (1-pixels) after the model's "
         f"preprocessing (fit {processor.fit}, threshold {processor.threshold}, invert "
-        f"{value_text(processor.invert)}), where its training images were {trained:.0%}: its predictions on them "
-        f"are likely wrong; check they are drawn as its training data (ink and background the same way round), "
+        f"{value_text(processor.invert)}), where its training images were {trained:.0%}: its predictions on {them} "
+        f"are likely wrong; check {they} drawn as its training data (ink and background the same way round), "
         f"or choose the preprocessing with {flags}"
     )
