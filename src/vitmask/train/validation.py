@@ -22,6 +22,7 @@ from vitmask.data.batches import Batch, make_batch
 from vitmask.data.masking import random_mask
 from vitmask.data.packed import PackedImages, spread
 from vitmask.data.patches import class_counts
+from vitmask.evaluate.pictures import reconstruction_grid
 from vitmask.evaluate.scores import evaluate, validation_images
 from vitmask.runtime.process import autocast
 from vitmask.signals import check_stop
@@ -65,8 +66,6 @@ class Validator:
     @torch.no_grad()
     def reconstruction(self, model: torch.nn.Module) -> torch.Tensor:
         """(3, H', W') grid of the fixed val images: original, masked, predicted, errors."""
-        from vitmask.evaluate.pictures import reconstruction_grid
-
         b = self.grid_batch
         was_training = model.training
         model.eval()
@@ -74,7 +73,7 @@ class Validator:
             pred = model(b.patches, b.mask).argmax(-1)  # (B, N)
         model.train(was_training)
         grid = reconstruction_grid(self.grid_images, b.mask, pred, self.cfg.data.patch_size)
-        check_stop()  # a stop point after the drawing
+        check_stop()  # a stop point once the grid is drawn (the module docstring)
         return grid
 
     def improved(self, val: dict) -> bool:
