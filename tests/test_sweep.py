@@ -240,7 +240,7 @@ def test_a_bad_space_is_one_line(tmp_path, run_cli_in_process, space, needles):
     assert not (tmp_path / "sweep.db").exists()  # refused before the storage is opened
 
 
-def test_an_out_where_no_run_dir_can_be_made_is_one_line_before_any_trial(tmp_path, run_cli_in_process):
+def test_an_out_where_no_run_dir_can_be_made_is_one_line_before_any_trial(tmp_path, run_cli_in_process, monkeypatch):
     cfg, space = files(tmp_path)
     (tmp_path / "a-file").write_text("not a folder")
     for out, needle in (
@@ -258,6 +258,10 @@ def test_an_out_where_no_run_dir_can_be_made_is_one_line_before_any_trial(tmp_pa
 
     check_out(new)
     assert not (tmp_path / "new").exists()  # the folders made to find out are removed again
+    monkeypatch.setattr(study_module.os, "access", lambda path, mode: False)  # as for a user without write access
+    with pytest.raises(UserError, match=r"is not writable \(permission denied\)"):
+        check_out(new)
+    assert not (tmp_path / "new").exists()
 
 
 def test_a_storage_that_cannot_be_opened_is_one_line(tmp_path, run_cli_in_process):

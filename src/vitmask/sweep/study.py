@@ -51,7 +51,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from vitmask.config import ConfigSource, flatten_config, load_config
 from vitmask.errors import Stopped, UserError, warn
-from vitmask.outputs import reason
+from vitmask.outputs import missing_folders_made, reason
 from vitmask.signals import STOP_SIGNALS, Interrupted
 from vitmask.sweep.objective import Objective, Surplus, TrialFailed, param_text, process_start, this_worker
 from vitmask.sweep.space import Space, check_values, load_space
@@ -439,22 +439,17 @@ def check_out(out: Path) -> None:
     folders made to find out are removed again."""
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} is a file, not a folder; pass the folder the trials' run dirs go in")
-    made = []
-    for q in [out, *out.parents]:
-        if q.exists():
-            break
-        made.append(q)  # innermost first
+    fix = "pass a folder the trials can write in"
     try:
-        out.mkdir(parents=True, exist_ok=True)
+        with missing_folders_made(out / "trial") as made:  # out and the folders above it, as mkdir -p
+            writable = os.access(out, os.W_OK | os.X_OK)
     except OSError as e:
-        raise UserError(f"--out {out} cannot be made ({reason(e)}); pass a folder the trials can write in") from None
-    try:
-        if not os.access(out, os.W_OK | os.X_OK):
-            raise UserError(f"--out {out} is not writable (permission denied); pass a folder the trials can write in")
-    finally:
-        for q in made:
-            with contextlib.suppress(OSError):
-                q.rmdir()
+        raise UserError(f"--out {out} cannot be made ({reason(e)}); {fix}") from None
+    for q in made:  # innermost first: only what was made here
+        with contextlib.suppress(OSError):
+            q.rmdir()
+    if not writable:
+        raise UserError(f"--out {out} is not writable (permission denied); {fix}")
 
 
 def _print(line: str) -> None:
